@@ -1,0 +1,28 @@
+"""specdec: speculative decoding research in JAX.
+
+Public API (internals may change):
+  load(path, dtype)            an HF-layout checkpoint -> Model
+  generate(model, prompts, ...) greedy / sampled / speculative generation with stats
+  drafters                     null(), ngram(min_n, max_n), draft_lm(model)
+  Model, ModelConfig, Sampling
+"""
+
+from specdec import drafters
+from specdec.checkpoint.loader import load, save
+from specdec.checkpoint.safetensors_io import CheckpointError
+from specdec.decoding.generate import Generation, generate
+from specdec.decoding.sampling import Sampling
+from specdec.model import Model
+from specdec.models.config import ModelConfig
+
+__all__ = [
+  "CheckpointError",
+  "Generation",
+  "Model",
+  "ModelConfig",
+  "Sampling",
+  "drafters",
+  "generate",
+  "load",
+  "save",
+]

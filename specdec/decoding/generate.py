@@ -1,0 +1,158 @@
+"""`specdec.generate`: validate on the host, prefill once, then run on-device chunks until done."""
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec import metrics
+from specdec.decoding.accept import validate_mode
+from specdec.decoding.sampling import Sampling
+from specdec.decoding.step import StepConfig, decode_chunk, prefill
+from specdec.drafters.null import null
+
+CHUNK_SIZES = (16, 1)  # static trip counts; the host picks one per chunk (two compiles)
+MIN_BUCKET = 16
+
+
+@dataclasses.dataclass
+class Generation:
+  tokens: list[list[int]]  # generated ids per prompt (EOS included when emitted)
+  texts: list[str]
+  stats: dict
+
+
+def prompt_bucket(n: int) -> int:
+  """Prompts are padded to power-of-two buckets so a sweep compiles a handful of prefills."""
+  return max(MIN_BUCKET, 1 << (max(n, 1) - 1).bit_length())
+
+
+def cache_slots(bucket: int, max_new: int, k: int) -> int:
+  return -(-(bucket + max_new + k + 1) // 64) * 64
+
+
+def _prompt_ids(model, prompts) -> list[list[int]]:
+  if isinstance(prompts, str):
+    prompts = [prompts]
+  ids = [model.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+  for i, p in enumerate(ids):
+    if not p:
+      raise ValueError(f"prompt {i} is empty")
+    if max(p) >= model.config.vocab_size or min(p) < 0:
+      raise ValueError(f"prompt {i} has token ids outside [0, {model.config.vocab_size})")
+  return ids
+
+
+def _chunk(st, k: int) -> int:
+  """The largest static chunk that cannot overshoot: a row needs >= ceil(rem / (k+1)) steps."""
+  rem = np.asarray(st.max_new - (st.lengths - st.prompt_lengths))
+  active = ~np.asarray(st.done)
+  bound = int(np.max(-(-rem[active] // (k + 1)))) if active.any() else 1
+  return next(c for c in CHUNK_SIZES if c <= max(bound, 1))
+
+
+def generate(
+  model,
+  prompts,
+  max_new_tokens: int = 64,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  seed: int = 0,
+  drafter=None,
+  k: int | None = None,
+  acceptance: str | None = None,
+  max_slots: int | None = None,
+) -> Generation:
+  """Generates from `prompts` (strings or token-id lists) with optional speculative drafting.
+
+  drafter=None is plain autoregressive decoding (k = 0). With a drafter, k (default 4) drafts are
+  verified per target forward. acceptance: 'greedy' (temperature 0 only), 'onehot' (the default
+  under sampling), 'fullq', or 'reject' (the same-shape baseline). Sampling transforms apply in the
+  order temperature, top-k, top-p (see specdec.decoding.sampling).
+  """
+  sampling = Sampling(float(temperature), top_k, float(top_p))
+  sampling.validate()
+  if drafter is None:
+    drafter, k = null(), 0 if k is None else k
+  k = 4 if k is None else k
+  if not isinstance(k, int) or k < 0 or (k == 0 and drafter.name != "null"):
+    raise ValueError(f"k must be an integer >= 1 with a drafter, got k={k!r}")
+  mode = acceptance or ("greedy" if sampling.greedy else "onehot")
+  validate_mode(mode)
+  if mode == "greedy" and not sampling.greedy:
+    raise ValueError("acceptance='greedy' needs temperature=0; use 'onehot' or 'fullq' to sample")
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+  ids = _prompt_ids(model, prompts)
+  B, longest = len(ids), max(len(p) for p in ids)
+  bucket = prompt_bucket(longest)
+  slots = cache_slots(bucket, max_new_tokens, k)
+  room = max_slots or model.config.max_position_embeddings
+  if longest + max_new_tokens + k + 1 > room:
+    raise ValueError(
+      f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + k+1 ({k + 1}) exceeds the "
+      f"cache room of {room} positions"
+    )
+  drafter.validate(model.config, k, slots)
+
+  prompt_BT = np.zeros((B, bucket), np.int32)
+  for i, p in enumerate(ids):
+    prompt_BT[i, : len(p)] = p
+  lengths_B = jnp.asarray([len(p) for p in ids], jnp.int32)
+  max_new_B = jnp.full((B,), max_new_tokens, jnp.int32)
+  eos = tuple(model.config.eos_token_ids)
+  sc = StepConfig(model.config, model.dtype, drafter, k, sampling, mode, eos)
+
+  t0 = time.perf_counter()
+  st = prefill(
+    model.params,
+    drafter.params,
+    jnp.asarray(prompt_BT),
+    lengths_B,
+    max_new_B,
+    jax.random.key(seed),
+    sc,
+    slots,
+  )
+  st.done.block_until_ready()
+  t1 = time.perf_counter()
+  finish_s = np.full(B, np.nan)
+  chunks = 0
+  while True:
+    done = np.asarray(st.done)
+    finish_s[done & np.isnan(finish_s)] = time.perf_counter() - t0
+    if done.all():
+      break
+    st = decode_chunk(model.params, drafter.params, st, sc, _chunk(st, k))
+    chunks += 1
+  t2 = time.perf_counter()
+
+  tokens_np, lengths_np = np.asarray(st.tokens), np.asarray(st.lengths)
+  out = [tokens_np[i, len(p) : lengths_np[i]].tolist() for i, p in enumerate(ids)]
+  hist = np.asarray(st.accept_hist)
+  stats = {
+    "method": drafter.name,
+    "k": k,
+    "acceptance": mode,
+    "batch": B,
+    "prompt_tokens": [len(p) for p in ids],
+    "tokens_out": [len(o) for o in out],
+    # Per-sequence counters; the top-level acceptance fields aggregate them over rows.
+    "rows": {
+      "steps": np.asarray(st.steps).tolist(),
+      "proposed": np.asarray(st.proposed).tolist(),
+      "accepted": np.asarray(st.accepted).tolist(),
+      "accept_hist": hist.tolist(),
+    },
+    "accept_hist": hist.sum(0).tolist(),
+    "prefill_s": t1 - t0,
+    "decode_s": t2 - t1,
+    "finish_s": finish_s.tolist(),
+    "chunks": chunks,
+    **metrics.hist_summary(hist.sum(0)),
+  }
+  return Generation(tokens=out, texts=[model.decode(o) for o in out], stats=stats)

@@ -1,0 +1,45 @@
+"""The decode state: one typed pytree with static shapes, donated to every chunk."""
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specdec import metrics
+from specdec.models.transformer import KVCache
+
+
+def ctx_bucket(lengths_B):
+  """The histogram's context bucket, by the rule `specdec.metrics` reads it back with."""
+  return metrics.ctx_bucket(lengths_B, metrics.DEFAULT_CTX_EDGES, xp=jnp)
+
+
+@flax.struct.dataclass
+class DecodeState:
+  tokens: jax.Array  # [B, S] int32; slots >= lengths are stale
+  lengths: jax.Array  # [B] committed tokens (prompt + generated)
+  prompt_lengths: jax.Array  # [B]
+  max_new: jax.Array  # [B] generation budget per row
+  cache: KVCache  # target KV
+  draft: Any  # the drafter's own state
+  key: jax.Array
+  done: jax.Array  # [B] bool
+  steps: jax.Array  # [B] target forwards after prefill
+  proposed: jax.Array  # [B]
+  accepted: jax.Array  # [B]
+  accept_hist: jax.Array  # [B, n_buckets, k+1]: steps by accepted count and context bucket
+
+  @property
+  def generated(self):
+    return self.lengths - self.prompt_lengths
+
+
+def counters(B: int, k: int) -> dict:
+  z = jnp.zeros((B,), jnp.int32)
+  return dict(
+    steps=z,
+    proposed=z,
+    accepted=z,
+    accept_hist=jnp.zeros((B, metrics.n_ctx_buckets(), k + 1), jnp.int32),
+  )

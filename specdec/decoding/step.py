@@ -1,0 +1,129 @@
+"""Prefill and the draft -> verify -> accept -> commit step, run in fixed-trip-count chunks.
+
+`step` is one jitted, fixed-shape function per (B, k, S, drafter, sampling, mode): nothing in it
+depends on a Python value that changes between steps, and nothing leaves the device inside a chunk.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from specdec.decoding import sampling as sampling_lib
+from specdec.decoding.accept import accept
+from specdec.decoding.state import DecodeState, counters, ctx_bucket
+from specdec.drafters.base import Context, Drafter
+from specdec.models.config import ModelConfig
+from specdec.models.transformer import KVCache, Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """Everything static about a decode: changing any field compiles a new step."""
+
+  config: ModelConfig
+  dtype: object
+  drafter: Drafter
+  k: int
+  sampling: sampling_lib.Sampling
+  mode: str
+  eos_ids: tuple[int, ...]
+
+  @property
+  def module(self) -> Transformer:
+    return Transformer(self.config, self.dtype)
+
+  @property
+  def draft_sampling(self) -> sampling_lib.Sampling:
+    # Only full-q acceptance needs drafts drawn from q; every other mode drafts the argmax.
+    return self.sampling if self.mode == "fullq" else sampling_lib.Sampling()
+
+
+def _is_eos(tokens, eos_ids):
+  if not eos_ids:
+    return jnp.zeros(tokens.shape, bool)
+  return jnp.isin(tokens, jnp.asarray(eos_ids, tokens.dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("sc", "slots"))
+def prefill(
+  params, draft_params, prompt_BT, prompt_lengths_B, max_new_B, key, sc: StepConfig, slots
+):
+  """Runs the prompt bucket through the target, samples the first token, builds the state."""
+  B, T = prompt_BT.shape
+  cache = KVCache.zeros(sc.config, B, slots, sc.dtype)
+  positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  last_B1 = (prompt_lengths_B - 1)[:, None]
+  out = sc.module.apply(
+    params, prompt_BT, positions_BT, cache, taps=sc.drafter.taps, logits_at_BP=last_B1
+  )
+  key, sub = jax.random.split(key)
+  first_B = sampling_lib.sample(sub, sampling_lib.probs(out.logits[:, 0], sc.sampling))
+  tokens_BS = jnp.zeros((B, slots), jnp.int32).at[:, :T].set(prompt_BT)
+  tokens_BS = tokens_BS.at[jnp.arange(B), prompt_lengths_B].set(first_B)
+  lengths_B = prompt_lengths_B + 1
+  draft = sc.drafter.init(draft_params, prompt_BT, prompt_lengths_B, out)
+  return DecodeState(
+    tokens=tokens_BS,
+    lengths=lengths_B,
+    prompt_lengths=prompt_lengths_B,
+    max_new=max_new_B,
+    cache=out.cache,
+    draft=draft,
+    key=key,
+    done=_is_eos(first_B, sc.eos_ids) | (max_new_B <= 1),
+    **counters(B, sc.k),
+  )
+
+
+def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
+  B, S = st.tokens.shape
+  k = sc.k
+  b_B = jnp.arange(B)
+  key, k_draft, k_accept = jax.random.split(st.key, 3)
+  ctx = Context(st.tokens, st.lengths)
+
+  draft_BK, q_BKV, draft = sc.drafter.propose(
+    draft_params, st.draft, ctx, k, sc.draft_sampling, k_draft
+  )
+  last_B = st.tokens[b_B, st.lengths - 1]
+  verify_BK1 = jnp.concatenate([last_B[:, None], draft_BK], 1)
+  positions_BK1 = st.lengths[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)
+  out = sc.module.apply(params, verify_BK1, positions_BK1, st.cache, taps=sc.drafter.taps)
+  n_acc_B, emit_BK1 = accept(k_accept, out.logits, draft_BK, q_BKV, sc.sampling, sc.mode)
+
+  # Emit the accepted drafts and the corrected/bonus token, cut at the budget and at EOS.
+  active_B = ~st.done
+  j_K1 = jnp.arange(k + 1)
+  n_emit_B = jnp.minimum(n_acc_B + 1, st.max_new - st.generated)
+  eos_BK1 = _is_eos(emit_BK1, sc.eos_ids) & (j_K1[None, :] < n_emit_B[:, None])
+  hit_eos_B = jnp.any(eos_BK1, 1)
+  n_emit_B = jnp.where(hit_eos_B, jnp.argmax(eos_BK1, 1) + 1, n_emit_B)
+  n_emit_B = jnp.where(active_B, n_emit_B, 0)
+  write_BK1 = jnp.where(j_K1[None, :] < n_emit_B[:, None], st.lengths[:, None] + j_K1, S)
+  tokens = st.tokens.at[b_B[:, None], write_BK1].set(emit_BK1, mode="drop")
+  lengths = st.lengths + n_emit_B
+  done = st.done | (active_B & hit_eos_B) | (lengths - st.prompt_lengths >= st.max_new)
+
+  one_B = active_B.astype(jnp.int32)
+  hist = st.accept_hist.at[b_B, ctx_bucket(st.lengths), n_acc_B].add(one_B)
+  draft = sc.drafter.commit(draft_params, draft, Context(tokens, lengths), n_acc_B, out)
+  return st.replace(
+    tokens=tokens,
+    lengths=lengths,
+    cache=out.cache,
+    draft=draft,
+    key=key,
+    done=done,
+    steps=st.steps + one_B,
+    proposed=st.proposed + one_B * k,
+    accepted=st.accepted + one_B * n_acc_B,
+    accept_hist=hist,
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("sc", "n_steps"), donate_argnames=("st",))
+def decode_chunk(params, draft_params, st: DecodeState, sc: StepConfig, n_steps: int):
+  """n_steps steps in one on-device loop with a static trip count (no host sync per step)."""
+  return jax.lax.fori_loop(0, n_steps, lambda _, s: step(params, draft_params, s, sc), st)

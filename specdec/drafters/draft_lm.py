@@ -1,0 +1,77 @@
+"""An independent small LM as the drafter, with its own KV cache.
+
+Rollback is by length, as for the target: after a step the draft cache is valid up to the accepted
+prefix. The next proposal first re-feeds the last two committed tokens (width 2 covers both the
+case where the bonus token is new and the case where all k drafts were accepted and d_k was never
+fed), then drafts k-1 more tokens one at a time: k draft forwards per step.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specdec.decoding import sampling as sampling_lib
+from specdec.drafters.base import Drafter
+from specdec.models.transformer import KVCache
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DraftLM(Drafter):
+  name = "draft_lm"
+  model: object = None  # specdec.Model
+
+  @property
+  def params(self):
+    return self.model.params
+
+  def validate(self, target_config, k, slots):
+    dv, tv = self.model.config.vocab_size, target_config.vocab_size
+    if dv != tv:
+      raise ValueError(f"draft_lm vocabulary ({dv}) differs from the target's ({tv})")
+    if slots > self.model.config.max_position_embeddings:
+      raise ValueError(
+        f"draft_lm: the cache needs {slots} positions but the draft model has "
+        f"max_position_embeddings={self.model.config.max_position_embeddings}"
+      )
+
+  def init(self, params, prompt_BT, lengths_B, target):
+    B, T = prompt_BT.shape
+    slots = target.cache.slots
+    cache = KVCache.zeros(self.model.config, B, slots, self.model.dtype)
+    positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    last_B1 = (lengths_B - 1)[:, None]
+    return self.model.module.apply(
+      params, prompt_BT, positions_BT, cache, logits_at_BP=last_B1
+    ).cache
+
+  def _pick(self, key, logits_BV, sampling):
+    # The step passes greedy sampling unless acceptance is full-q, which needs drafts drawn from q.
+    q_BV = sampling_lib.probs(logits_BV, sampling)
+    if sampling.greedy:
+      return jnp.argmax(logits_BV, -1).astype(jnp.int32), q_BV
+    return sampling_lib.sample(key, q_BV), q_BV
+
+  def propose(self, params, cache, ctx, k, sampling, key):
+    module = self.model.module
+    tokens_BS, lengths_B = ctx.tokens_BS, ctx.lengths_B
+    pos_B2 = jnp.maximum(lengths_B[:, None] - 2 + jnp.arange(2), 0)
+    tok_B2 = jnp.take_along_axis(tokens_BS, pos_B2, 1)
+    out = module.apply(params, tok_B2, pos_B2, cache, logits_at_BP=jnp.ones_like(pos_B2[:, :1]))
+    keys = jax.random.split(key, k)
+    d_B, q_BV = self._pick(keys[0], out.logits[:, 0], sampling)
+
+    def one(carry, key_i):
+      cache, d_B, pos_B = carry
+      o = module.apply(params, d_B[:, None], pos_B[:, None], cache)
+      nd_B, nq_BV = self._pick(key_i, o.logits[:, 0], sampling)
+      return (o.cache, nd_B, pos_B + 1), (nd_B, nq_BV)
+
+    (cache, _, _), (rest_KB, rest_KBV) = jax.lax.scan(one, (out.cache, d_B, lengths_B), keys[1:])
+    draft_BK = jnp.concatenate([d_B[:, None], rest_KB.T], 1)
+    q_BKV = jnp.concatenate([q_BV[:, None], jnp.swapaxes(rest_KBV, 0, 1)], 1)
+    return draft_BK, q_BKV, cache
+
+
+def draft_lm(model) -> DraftLM:
+  return DraftLM(model=model)

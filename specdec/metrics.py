@@ -1,0 +1,367 @@
+"""Everything derived from what the decode loop counts.
+
+The loop stores, per sequence, `accept_hist [n_buckets, k+1]`: entry [b, j] counts the verify steps
+that started with a context length in bucket b and accepted exactly j of the k drafted tokens. Every
+acceptance figure here is a function of that histogram, so curves can be re-derived offline from the
+stored rows (research/specdec_anchors.md section 0 explains why the histogram, not a rate, is
+stored).
+
+Conventions (DESIGN.md section 7):
+* tau (mean accepted length) includes the bonus token, tau = 1 + sum_j j h_j / sum_j h_j, so it
+  lies in [1, k+1].
+* acceptance rate = accepted / proposed (vLLM's `draft_acceptance_rate`).
+* per-position acceptance is unconditional (vLLM: fraction of steps whose first i+1 drafts were all
+  accepted; tau = 1 + their sum) and conditional (P(position i accepted | positions < i accepted)).
+* Undefined quantities (no steps, an unobserved position) are NaN, never 0: a 0 would read as
+  "measured and always rejected".
+"""
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+DEFAULT_CTX_EDGES = (0, 256, 512, 1024, 2048, math.inf)
+
+
+# --- context-length buckets ---------------------------------------------------------------------
+
+
+def n_ctx_buckets(edges: Sequence[float] = DEFAULT_CTX_EDGES) -> int:
+  """Number of buckets that `edges` defines (len(edges) - 1)."""
+  _check_edges(edges)
+  return len(edges) - 1
+
+
+def ctx_bucket(length, edges: Sequence[float] = DEFAULT_CTX_EDGES, xp=np):
+  """Bucket index of a context length: bucket b holds edges[b] <= length < edges[b+1].
+
+  `length` is the number of tokens already committed when a verify step starts (the sequence's
+  `lengths` entry before the step), so a step is binned by the context it drafted from. Lengths
+  below edges[0] fall into bucket 0 and lengths >= edges[-1] into the last bucket, so every step is
+  counted. Only the interior edges are searched, which keeps `inf` out of the device computation:
+  pass `xp=jax.numpy` to use the same rule inside the jitted step.
+  """
+  _check_edges(edges)
+  interior = xp.asarray(edges[1:-1], dtype=xp.int32)
+  return xp.searchsorted(interior, length, side="right").astype(xp.int32)
+
+
+def bucket_labels(edges: Sequence[float] = DEFAULT_CTX_EDGES) -> list[str]:
+  """Half-open interval labels, e.g. '[0,256)' ... '[2048,inf)'."""
+  _check_edges(edges)
+  fmt = lambda e: "inf" if math.isinf(e) else str(int(e))
+  return [f"[{fmt(lo)},{fmt(hi)})" for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def _check_edges(edges: Sequence[float]) -> None:
+  if len(edges) < 2 or any(b <= a for a, b in zip(edges[:-1], edges[1:], strict=True)):
+    raise ValueError(f"context bucket edges must be >= 2 strictly increasing values, got {edges}")
+
+
+# --- acceptance from the histogram --------------------------------------------------------------
+
+
+def flat_hist(hist) -> np.ndarray:
+  """Sum a histogram [..., k+1] over every leading axis (buckets, sequences) to [k+1] float64."""
+  h = np.asarray(hist, dtype=np.float64)
+  if h.ndim == 0:
+    raise ValueError("accept_hist must have a trailing axis of size k+1")
+  if np.any(h < 0):
+    raise ValueError("accept_hist has negative counts")
+  return h.reshape(-1, h.shape[-1]).sum(axis=0)
+
+
+def merge_hists(hists: Sequence) -> np.ndarray:
+  """Element-wise sum of same-shaped histograms (sequences, legs) as int64."""
+  if not hists:
+    raise ValueError("merge_hists needs at least one histogram")
+  arrs = [np.asarray(h, dtype=np.int64) for h in hists]
+  shapes = {a.shape for a in arrs}
+  if len(shapes) != 1:
+    raise ValueError(f"histograms differ in shape: {sorted(shapes)}")
+  return np.sum(arrs, axis=0)
+
+
+def n_steps(hist) -> int:
+  return int(flat_hist(hist).sum())
+
+
+def draft_len(hist) -> int:
+  """k, read off the histogram's trailing axis."""
+  return int(np.shape(hist)[-1]) - 1
+
+
+def tau(hist) -> float:
+  """Mean tokens per target forward including the bonus token, in [1, k+1]; NaN with no steps."""
+  h = flat_hist(hist)
+  n = h.sum()
+  if n == 0:
+    return math.nan
+  return float(1.0 + (np.arange(h.size) * h).sum() / n)
+
+
+def acceptance_rate(accepted: float, proposed: float) -> float:
+  """accepted / proposed; NaN when nothing was proposed (the k = 0 baseline)."""
+  if proposed < 0 or accepted < 0 or accepted > proposed:
+    raise ValueError(f"need 0 <= accepted <= proposed, got {accepted} / {proposed}")
+  return math.nan if proposed == 0 else float(accepted / proposed)
+
+
+def acceptance_rate_from_hist(hist) -> float:
+  """accepted / proposed assuming every counted step proposed exactly k tokens."""
+  h = flat_hist(hist)
+  k = h.size - 1
+  return acceptance_rate(float((np.arange(h.size) * h).sum()), float(k * h.sum()))
+
+
+def per_position_uncond(hist) -> np.ndarray:
+  """[k]: entry i = fraction of steps whose first i+1 drafts were all accepted (NaN with no steps).
+
+  Summing gives tau - 1, the identity vLLM's per-position vector satisfies.
+  """
+  h = flat_hist(hist)
+  n = h.sum()
+  if n == 0:
+    return np.full(h.size - 1, np.nan)
+  at_least = np.cumsum(h[::-1])[::-1]  # at_least[j] = steps that accepted >= j
+  return at_least[1:] / n
+
+
+def per_position_cond(hist) -> np.ndarray:
+  """[k]: entry i = P(draft i accepted | drafts 0..i-1 accepted); NaN where no step reached i."""
+  h = flat_hist(hist)
+  at_least = np.cumsum(h[::-1])[::-1]
+  reached, passed = at_least[:-1], at_least[1:]
+  out = np.full(h.size - 1, np.nan)
+  np.divide(passed, reached, out=out, where=reached > 0)
+  return out
+
+
+def alpha_mle(hist) -> float:
+  """Per-token acceptance alpha for Leviathan's formula: the MLE under i.i.d. acceptance.
+
+  Model: each draft is accepted with probability alpha independently, and a step stops at the first
+  rejection or after k drafts, so its accepted count is a truncated geometric. The likelihood is
+  alpha^S (1 - alpha)^F with S = total accepted drafts and F = steps that hit a rejection (accepted
+  count < k), so the MLE is S / (S + F). It counts only the drafts that were actually judged; the
+  plain acceptance rate S / (k * steps) also counts drafts after the first rejection as failures and
+  is biased low for k > 1. NaN when nothing was judged (no steps, or k = 0).
+  """
+  h = flat_hist(hist)
+  s = float((np.arange(h.size) * h).sum())
+  f = float(h[:-1].sum())
+  return math.nan if s + f == 0 else s / (s + f)
+
+
+def predicted_tau(alpha: float, k: int) -> float:
+  """Leviathan et al. 2023 eq. 1: expected tokens per target forward, (1 - a^(k+1)) / (1 - a)."""
+  if math.isnan(alpha):
+    return math.nan
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+  if alpha == 1.0:
+    return float(k + 1)
+  return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+  """Leviathan et al. 2023 Theorem 3.8: walltime improvement with draft/target cost ratio c.
+
+  (1 - a^(k+1)) / ((1 - a)(k c + 1)); assumes the verify of k+1 tokens costs one target forward.
+  """
+  return predicted_tau(alpha, k) / (k * cost_ratio + 1.0)
+
+
+def by_bucket(hist, edges: Sequence[float] = DEFAULT_CTX_EDGES) -> list[dict]:
+  """Per context bucket: label, steps, tau, acceptance rate (NaN for an empty bucket)."""
+  h = np.asarray(hist)
+  if h.ndim != 2 or h.shape[0] != n_ctx_buckets(edges):
+    raise ValueError(f"accept_hist shape {h.shape} does not match {n_ctx_buckets(edges)} buckets")
+  return [
+    {
+      "bucket": label,
+      "steps": n_steps(row),
+      "tau": tau(row),
+      "acceptance_rate": acceptance_rate_from_hist(row),
+    }
+    for label, row in zip(bucket_labels(edges), h, strict=True)
+  ]
+
+
+def hist_summary(hist) -> dict:
+  """The acceptance fields of a result row, from one (merged) histogram [k+1] or [buckets, k+1]."""
+  k = draft_len(hist)
+  a = alpha_mle(hist)
+  h = flat_hist(hist)
+  per_bucket = {"tau_by_bucket": [tau(row) for row in hist]} if np.ndim(hist) == 2 else {}
+  return {
+    "steps": int(h.sum()),
+    "accepted": int((np.arange(h.size) * h).sum()),
+    "proposed": int(k * h.sum()),
+    "tau": tau(hist),
+    "acceptance_rate": acceptance_rate_from_hist(hist),
+    "per_position_uncond": per_position_uncond(hist).tolist(),
+    "per_position_cond": per_position_cond(hist).tolist(),
+    "alpha": a,
+    "predicted_tau": predicted_tau(a, k),
+    **per_bucket,
+  }
+
+
+def tau_knee(ks: Sequence[int], taus: Sequence[float], threshold: float = 0.1) -> int:
+  """The draft-budget knee: the first k after which extra drafts stop paying in tau.
+
+  With the measured (k, tau) points sorted by k, the marginal gain between neighbours is
+  (tau[i+1] - tau[i]) / (k[i+1] - k[i]) tokens per extra draft token. The knee is the first k[i]
+  whose next gain falls below `threshold`, or the largest k if none does. Defined on tau alone so it
+  is a property of the drafter and workload, not of the device; the device-optimal k is `best_k`.
+  """
+  pts = sorted((int(k), float(t)) for k, t in zip(ks, taus, strict=True) if not math.isnan(t))
+  if not pts:
+    raise ValueError("tau_knee needs at least one measured (k, tau) point")
+  for (k0, t0), (k1, t1) in zip(pts[:-1], pts[1:], strict=True):
+    if (t1 - t0) / (k1 - k0) < threshold:
+      return k0
+  return pts[-1][0]
+
+
+def best_k(ks: Sequence[int], values: Sequence[float]) -> int:
+  """The k with the highest value (e.g. decode tok/s); NaN values are skipped."""
+  pts = [(float(v), int(k)) for k, v in zip(ks, values, strict=True) if not math.isnan(v)]
+  if not pts:
+    raise ValueError("best_k needs at least one measured value")
+  return max(pts)[1]
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """Host timestamps (seconds, one monotonic clock) of one request of a leg, in issue order."""
+
+  start_s: float
+  first_token_s: float
+  end_s: float
+  n_out: int  # completion tokens, the first one included
+
+  @property
+  def ttft_ms(self) -> float:
+    return 1000.0 * (self.first_token_s - self.start_s)
+
+  @property
+  def latency_ms(self) -> float:
+    return 1000.0 * (self.end_s - self.start_s)
+
+
+def tpot_ms(latency_ms, ttft_ms, n_out) -> np.ndarray:
+  """Time per output token after the first: (latency - ttft) / (n_out - 1); NaN where n_out < 2."""
+  lat, ttft, n = (np.asarray(x, dtype=np.float64) for x in (latency_ms, ttft_ms, n_out))
+  out = np.full(np.broadcast(lat, ttft, n).shape, np.nan)
+  np.divide(lat - ttft, n - 1, out=out, where=n >= 2)
+  return out
+
+
+def decode_tok_s(tpot: Sequence[float]) -> float:
+  """Decode-only rate, 1000 / mean(tpot_ms) over requests with a defined tpot; NaN if none."""
+  t = np.asarray(tpot, dtype=np.float64)
+  t = t[~np.isnan(t)]
+  return math.nan if t.size == 0 or t.mean() <= 0 else float(1000.0 / t.mean())
+
+
+def whole_tok_s(completion_tokens: float, wall_s: float) -> float:
+  """Whole-run rate: completion tokens / wall clock of the leg (prefill and host time included)."""
+  return math.nan if wall_s <= 0 else float(completion_tokens / wall_s)
+
+
+def percentiles(values: Sequence[float], qs=(50, 90, 99)) -> list[float]:
+  """Linear-interpolation percentiles (numpy default); NaN for an empty sample.
+
+  With few requests p99 is close to the max; the row also stores the request count.
+  """
+  v = np.asarray(values, dtype=np.float64)
+  v = v[~np.isnan(v)]
+  if v.size == 0:
+    return [math.nan] * len(qs)
+  return [float(x) for x in np.percentile(v, qs)]
+
+
+def timing_summary(requests: Sequence[Request], discard_first: int = 1) -> dict:
+  """The timing fields of a result row for one leg.
+
+  The first `discard_first` requests are cold (compilation, caches) and are dropped from every
+  figure (DESIGN 7). The whole-run wall clock then runs from the earliest start to the latest end of
+  the kept requests, which is right for sequential and for concurrent issue alike.
+  """
+  kept = list(requests)[discard_first:]
+  if not kept:
+    nan = math.nan
+    return {
+      "decode_tok_s": nan,
+      "whole_tok_s": nan,
+      "tpot_ms_mean": nan,
+      "ttft_ms_median": nan,
+      "ttft_ms_p90": nan,
+      "ttft_ms_p99": nan,
+      "completion_tokens": 0,
+      "wall_s": nan,
+      "n_requests_timed": 0,
+    }
+  ttft = [r.ttft_ms for r in kept]
+  tpot = tpot_ms([r.latency_ms for r in kept], ttft, [r.n_out for r in kept])
+  tokens = sum(r.n_out for r in kept)
+  wall = max(r.end_s for r in kept) - min(r.start_s for r in kept)
+  med, p90, p99 = percentiles(ttft)
+  t = tpot[~np.isnan(tpot)]
+  return {
+    "decode_tok_s": decode_tok_s(tpot),
+    "whole_tok_s": whole_tok_s(tokens, wall),
+    "tpot_ms_mean": float(t.mean()) if t.size else math.nan,
+    "ttft_ms_median": med,
+    "ttft_ms_p90": p90,
+    "ttft_ms_p99": p99,
+    "completion_tokens": int(tokens),
+    "wall_s": float(wall),
+    "n_requests_timed": len(kept),
+  }
+
+
+# --- comparing arms and legs --------------------------------------------------------------------
+
+
+def speedup(value: float, baseline: float) -> float:
+  """value / baseline for rates (tok/s); NaN if either is missing or the baseline is not > 0."""
+  if math.isnan(value) or math.isnan(baseline) or baseline <= 0:
+    return math.nan
+  return float(value / baseline)
+
+
+def speedups(values_by_arm: dict[str, float], baseline_arm: str) -> dict[str, float]:
+  """Every arm's rate relative to the named baseline arm (the baseline maps to 1.0)."""
+  if baseline_arm not in values_by_arm:
+    raise KeyError(f"baseline arm {baseline_arm!r} not among {sorted(values_by_arm)}")
+  base = values_by_arm[baseline_arm]
+  return {arm: speedup(v, base) for arm, v in values_by_arm.items()}
+
+
+def leg_spread(values: Sequence[float]) -> dict:
+  """Mean over legs and how far they disagree.
+
+  `rel_half_range` = (max - min) / (2 mean) is what tables print as "±x%": with two legs it is the
+  distance of either leg from the mean. NaN legs are ignored.
+  """
+  v = np.asarray(values, dtype=np.float64)
+  v = v[~np.isnan(v)]
+  if v.size == 0:
+    return {"n": 0, "mean": math.nan, "min": math.nan, "max": math.nan, "rel_half_range": math.nan}
+  mean = float(v.mean())
+  half = float(v.max() - v.min()) / 2.0
+  return {
+    "n": int(v.size),
+    "mean": mean,
+    "min": float(v.min()),
+    "max": float(v.max()),
+    "rel_half_range": half / abs(mean) if mean != 0 else math.nan,
+  }

@@ -1,0 +1,194 @@
+"""The decoder stack for the Qwen3 dense family and Llama, as one Flax module.
+
+Shapes: B batch, T new tokens, S cache slots, D model, F mlp, N query heads, K kv heads,
+G = N / K query heads per kv head, H head dim, V vocabulary.
+
+The KV cache is static: slot s holds the token at absolute position s. A forward writes K/V at
+`positions` and attends to slots <= each query's position, so slots beyond a row's length are
+masked until a later write overwrites them: rollback of rejected drafts is just a smaller length.
+"""
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specdec.models.config import ModelConfig
+from specdec.models.rope import apply_rope, inv_freq_and_scale
+from specdec.quant.matmul import matmul
+
+
+@flax.struct.dataclass
+class KVCache:
+  k: tuple[jax.Array, ...]  # per layer [B, S, K, H]
+  v: tuple[jax.Array, ...]
+
+  @staticmethod
+  def zeros(c: ModelConfig, batch: int, slots: int, dtype=jnp.bfloat16) -> "KVCache":
+    shape = (batch, slots, c.num_kv_heads, c.head_dim)
+    z = tuple(jnp.zeros(shape, dtype) for _ in range(c.num_layers))
+    return KVCache(k=z, v=z)
+
+  @property
+  def slots(self) -> int:
+    return self.k[0].shape[1]
+
+
+class ForwardOut(NamedTuple):
+  logits: jax.Array  # [B, T or P, V] float32
+  cache: KVCache
+  taps: tuple[jax.Array, ...]  # hidden [B, T, D] after each requested layer
+  hidden: jax.Array  # final-norm hidden [B, T, D] (what the LM head reads)
+
+
+class RMSNorm(nn.Module):
+  eps: float
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.eps)
+    # HF casts back to the input dtype before the scale; matching it keeps bf16 parity.
+    return scale.astype(x.dtype) * y.astype(x.dtype)
+
+
+class Linear(nn.Module):
+  """y = x @ W (+ b); W is stored (in, out) and may be a quantized weight type."""
+
+  features: int
+  use_bias: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    init = nn.initializers.normal(0.02)
+    w = self.param("kernel", init, (x.shape[-1], self.features))
+    y = matmul(x, w)
+    if self.use_bias:
+      y = y + self.param("bias", nn.initializers.zeros, (self.features,)).astype(y.dtype)
+    return y
+
+
+def write_cache(cache_BSKH, new_BTKH, positions_BT):
+  """Scatter this forward's K or V into the slots named by positions (one slot per position)."""
+  b_BT = jnp.broadcast_to(jnp.arange(new_BTKH.shape[0])[:, None], positions_BT.shape)
+  return cache_BSKH.at[b_BT, positions_BT].set(new_BTKH.astype(cache_BSKH.dtype), mode="drop")
+
+
+def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT):
+  B, T, N, H = q_BTNH.shape
+  K = k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+  s_BTKGS = jnp.einsum("BTKGH,BSKH->BTKGS", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
+  s_BTKGS = s_BTKGS * (H**-0.5)
+  slots_S = jnp.arange(k_BSKH.shape[1])
+  visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
+  s_BTKGS = jnp.where(visible_BTS[:, :, None, None, :], s_BTKGS, -1e30)
+  p_BTKGS = jax.nn.softmax(s_BTKGS, axis=-1).astype(v_BSKH.dtype)
+  o_BTKGH = jnp.einsum("BTKGS,BSKH->BTKGH", p_BTKGS, v_BSKH, preferred_element_type=jnp.float32)
+  return o_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
+
+
+class Attention(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH):
+    c = self.config
+    B, T, _ = x_BTD.shape
+    N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
+    q_BTNH = Linear(N * H, c.attention_bias, name="q_proj")(x_BTD).reshape(B, T, N, H)
+    k_BTKH = Linear(K * H, c.attention_bias, name="k_proj")(x_BTD).reshape(B, T, K, H)
+    v_BTKH = Linear(K * H, c.attention_bias, name="v_proj")(x_BTD).reshape(B, T, K, H)
+    if c.qk_norm:
+      q_BTNH = RMSNorm(c.rms_norm_eps, name="q_norm")(q_BTNH)
+      k_BTKH = RMSNorm(c.rms_norm_eps, name="k_norm")(k_BTKH)
+    inv_freq, scale = inv_freq_and_scale(c)
+    q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq, scale)
+    k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq, scale)
+    k_BSKH = write_cache(k_BSKH, k_BTKH, positions_BT)
+    v_BSKH = write_cache(v_BSKH, v_BTKH, positions_BT)
+    o_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+    out_BTD = Linear(c.hidden_size, c.attention_bias, name="o_proj")(o_BTNH.reshape(B, T, N * H))
+    return out_BTD, k_BSKH, v_BSKH
+
+
+class MLP(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    c = self.config
+    gate_BTF = Linear(c.intermediate_size, c.mlp_bias, name="gate_proj")(x_BTD)
+    up_BTF = Linear(c.intermediate_size, c.mlp_bias, name="up_proj")(x_BTD)
+    return Linear(c.hidden_size, c.mlp_bias, name="down_proj")(jax.nn.silu(gate_BTF) * up_BTF)
+
+
+class Block(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH):
+    c = self.config
+    h_BTD = RMSNorm(c.rms_norm_eps, name="attn_norm")(x_BTD)
+    a_BTD, k_BSKH, v_BSKH = Attention(c, name="attn")(h_BTD, positions_BT, k_BSKH, v_BSKH)
+    x_BTD = x_BTD + a_BTD
+    x_BTD = x_BTD + MLP(c, name="mlp")(RMSNorm(c.rms_norm_eps, name="mlp_norm")(x_BTD))
+    return x_BTD, k_BSKH, v_BSKH
+
+
+class Transformer(nn.Module):
+  config: ModelConfig
+  dtype: jnp.dtype = jnp.bfloat16
+
+  def setup(self):
+    c = self.config
+    self.embed = nn.Embed(c.vocab_size, c.hidden_size, param_dtype=self.dtype, name="embed")
+    self.blocks = [Block(c, name=f"layer_{i}") for i in range(c.num_layers)]
+    self.final_norm = RMSNorm(c.rms_norm_eps, name="final_norm")
+    if not c.tie_word_embeddings:
+      self.lm_head = Linear(c.vocab_size, name="lm_head")
+
+  def embed_tokens(self, tokens_BT):
+    return self.embed(tokens_BT).astype(self.dtype)
+
+  def head(self, h_BTD):
+    """Final-norm hidden -> float32 logits (drafters sharing the target's head call this)."""
+    if self.config.tie_word_embeddings:
+      return self.embed.attend(h_BTD).astype(jnp.float32)
+    return self.lm_head(h_BTD).astype(jnp.float32)
+
+  def __call__(
+    self,
+    tokens_BT,
+    positions_BT,
+    cache: KVCache,
+    taps: tuple[int, ...] = (),
+    logits_at_BP=None,
+    inputs_BTD=None,
+  ) -> ForwardOut:
+    """One forward over T new tokens at `positions`, writing their K/V into `cache`.
+
+    taps: layer indices whose outputs are returned (tap i = output of decoder layer i).
+    logits_at_BP: optional indices into T; only those positions go through the LM head.
+    inputs_BTD: embeddings to use instead of embedding `tokens_BT`.
+    """
+    x_BTD = self.embed_tokens(tokens_BT) if inputs_BTD is None else inputs_BTD.astype(self.dtype)
+    ks, vs, tapped = [], [], {}
+    for i, block in enumerate(self.blocks):
+      x_BTD, k, v = block(x_BTD, positions_BT, cache.k[i], cache.v[i])
+      ks.append(k)
+      vs.append(v)
+      tapped[i] = x_BTD
+    h_BTD = self.final_norm(x_BTD)
+    h_sel = h_BTD
+    if logits_at_BP is not None:
+      h_sel = jnp.take_along_axis(h_BTD, logits_at_BP[:, :, None], axis=1)
+    return ForwardOut(
+      logits=self.head(h_sel),
+      cache=KVCache(k=tuple(ks), v=tuple(vs)),
+      taps=tuple(tapped[i] for i in taps),
+      hidden=h_BTD,
+    )

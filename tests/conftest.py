@@ -1,0 +1,6 @@
+import os
+
+# Tests run on CPU; a local persistent cache makes re-runs fast (CI starts empty).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/specdec-jax"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")

@@ -1,0 +1,203 @@
+import math
+
+import numpy as np
+import pytest
+
+from specdec import metrics
+
+
+def _random_hist(rng, k, buckets=1):
+  hist = rng.integers(0, 50, size=(buckets, k + 1))
+  hist[rng.random(hist.shape) < 0.3] = 0  # sparse columns exercise the unobserved-position paths
+  return hist
+
+
+def _iid_hist(rng, alpha, k, n_steps):
+  """Histogram of steps whose drafts are each accepted with prob alpha, up to the first reject."""
+  accepted = rng.random((n_steps, k)) < alpha
+  counts = np.where(accepted.all(axis=1), k, np.argmin(accepted, axis=1))
+  return np.bincount(counts, minlength=k + 1)
+
+
+def test_tau_equals_one_plus_sum_uncond_property():
+  rng = np.random.default_rng(0)
+  for _ in range(500):
+    k = int(rng.integers(0, 12))
+    hist = _random_hist(rng, k, buckets=int(rng.integers(1, 5)))
+    if metrics.n_steps(hist) == 0:
+      continue
+    t = metrics.tau(hist)
+    assert t == pytest.approx(1.0 + metrics.per_position_uncond(hist).sum())
+    assert 1.0 <= t <= k + 1
+
+
+def test_uncond_is_product_of_cond_property():
+  rng = np.random.default_rng(1)
+  for _ in range(300):
+    k = int(rng.integers(1, 10))
+    hist = _random_hist(rng, k)
+    if metrics.n_steps(hist) == 0:
+      continue
+    cond = metrics.per_position_cond(hist)
+    uncond = metrics.per_position_uncond(hist)
+    prod = np.cumprod(np.nan_to_num(cond, nan=0.0))
+    np.testing.assert_allclose(uncond, prod, atol=1e-12)
+    # NaN exactly where no step reached that position.
+    reached = np.cumsum(metrics.flat_hist(hist)[::-1])[::-1][:-1]
+    assert np.array_equal(np.isnan(cond), reached == 0)
+
+
+def test_iid_acceptance_predicted_tau_matches_measured():
+  rng = np.random.default_rng(2)
+  for alpha in (0.1, 0.5, 0.8, 0.95):
+    for k in (1, 3, 8):
+      hist = _iid_hist(rng, alpha, k, 20000)
+      a_hat = metrics.alpha_mle(hist)
+      assert a_hat == pytest.approx(alpha, abs=0.02)
+      assert metrics.predicted_tau(a_hat, k) == pytest.approx(metrics.tau(hist), rel=0.02)
+      # The conditional curve is flat at alpha under i.i.d. acceptance, where well observed.
+      cond = metrics.per_position_cond(hist)
+      reached = np.cumsum(hist[::-1])[::-1][:-1]
+      assert np.all(np.abs(cond - alpha)[reached >= 2000] < 0.03)
+
+
+def test_acceptance_rate_is_biased_low_but_mle_is_not():
+  rng = np.random.default_rng(3)
+  hist = _iid_hist(rng, 0.7, 6, 20000)
+  assert metrics.acceptance_rate_from_hist(hist) < 0.6
+  assert metrics.alpha_mle(hist) == pytest.approx(0.7, abs=0.02)
+
+
+def test_predicted_tau_leviathan_table1():
+  # Leviathan et al. 2023 Table 1 (c = 0): speed = expected tokens per forward.
+  for a, k, speed in [(0.6, 2, 1.96), (0.7, 3, 2.53), (0.8, 5, 3.69), (0.9, 10, 6.86)]:
+    assert metrics.predicted_tau(a, k) == pytest.approx(speed, abs=0.01)
+  assert metrics.predicted_tau(1.0, 4) == 5.0
+  assert metrics.predicted_tau(0.0, 4) == 1.0
+  assert metrics.predicted_speedup(0.8, 5, 0.0) == pytest.approx(3.69, abs=0.01)
+
+
+def test_no_steps_is_nan_not_zero():
+  hist = np.zeros((3, 5), dtype=int)
+  assert math.isnan(metrics.tau(hist))
+  assert np.isnan(metrics.per_position_uncond(hist)).all()
+  assert np.isnan(metrics.per_position_cond(hist)).all()
+  assert math.isnan(metrics.alpha_mle(hist))
+  assert math.isnan(metrics.predicted_tau(metrics.alpha_mle(hist), 4))
+  assert math.isnan(metrics.acceptance_rate(0, 0))
+
+
+def test_k0_baseline():
+  hist = np.array([[7], [3]])
+  assert metrics.tau(hist) == 1.0
+  assert metrics.per_position_uncond(hist).shape == (0,)
+  assert math.isnan(metrics.acceptance_rate_from_hist(hist))
+  s = metrics.hist_summary(hist)
+  assert s["tau"] == 1.0 and s["steps"] == 10 and s["proposed"] == 0
+  assert math.isnan(s["predicted_tau"])
+
+
+def test_all_accepted():
+  hist = np.array([0, 0, 0, 9])
+  assert metrics.tau(hist) == 4.0
+  assert metrics.alpha_mle(hist) == 1.0
+  assert metrics.predicted_tau(1.0, 3) == 4.0
+  np.testing.assert_array_equal(metrics.per_position_cond(hist), [1, 1, 1])
+
+
+def test_hist_summary_counts():
+  hist = np.array([[2, 1, 0], [0, 3, 4]])  # 10 steps, k = 2
+  s = metrics.hist_summary(hist)
+  assert s["steps"] == 10
+  assert s["accepted"] == 1 + 3 + 8
+  assert s["proposed"] == 20
+  assert s["acceptance_rate"] == pytest.approx(12 / 20)
+  assert s["tau"] == pytest.approx(1 + 12 / 10)
+  np.testing.assert_allclose(s["per_position_uncond"], [8 / 10, 4 / 10])
+  np.testing.assert_allclose(s["per_position_cond"], [8 / 10, 4 / 8])
+
+
+def test_ctx_bucket_edges():
+  edges = (0, 256, 512, 1024, 2048, math.inf)
+  lengths = np.array([0, 1, 255, 256, 511, 512, 2047, 2048, 10**6])
+  np.testing.assert_array_equal(metrics.ctx_bucket(lengths, edges), [0, 0, 0, 1, 1, 2, 3, 4, 4])
+  assert int(metrics.ctx_bucket(300, edges)) == 1
+  assert metrics.n_ctx_buckets(edges) == 5
+  assert metrics.bucket_labels(edges)[0] == "[0,256)"
+  assert metrics.bucket_labels(edges)[-1] == "[2048,inf)"
+  with pytest.raises(ValueError):
+    metrics.ctx_bucket(3, (0, 10, 10))
+
+
+def test_ctx_bucket_under_jax():
+  jnp = pytest.importorskip("jax.numpy")
+  lengths = jnp.array([0, 256, 3000])
+  np.testing.assert_array_equal(np.asarray(metrics.ctx_bucket(lengths, xp=jnp)), [0, 1, 4])
+
+
+def test_by_bucket():
+  hist = np.array([[1, 1], [0, 0], [0, 2]])
+  rows = metrics.by_bucket(hist, (0, 10, 20, math.inf))
+  assert [r["steps"] for r in rows] == [2, 0, 2]
+  assert rows[0]["tau"] == 1.5 and math.isnan(rows[1]["tau"]) and rows[2]["tau"] == 2.0
+  with pytest.raises(ValueError):
+    metrics.by_bucket(hist, (0, math.inf))
+
+
+def test_merge_hists_shape_check():
+  assert metrics.merge_hists([[1, 2], [3, 4]]).tolist() == [4, 6]
+  with pytest.raises(ValueError):
+    metrics.merge_hists([[1, 2], [3, 4, 5]])
+
+
+def test_knee_and_best_k():
+  ks = [1, 2, 3, 4, 6, 8]
+  taus = [1.8, 2.4, 2.8, 3.0, 3.1, 3.15]  # gains 0.6, 0.4, 0.2, 0.05, ...
+  assert metrics.tau_knee(ks, taus, threshold=0.1) == 4
+  assert metrics.tau_knee(ks, taus, threshold=0.3) == 3
+  assert metrics.tau_knee(ks, taus, threshold=0.01) == 8
+  assert metrics.tau_knee([4], [3.0]) == 4
+  assert metrics.best_k(ks, [100, 130, 150, 149, math.nan, 120]) == 3
+
+
+def test_tpot_and_rates():
+  tpot = metrics.tpot_ms([110.0, 50.0, 20.0], [10.0, 10.0, 20.0], [11, 5, 1])
+  np.testing.assert_allclose(tpot[:2], [10.0, 10.0])
+  assert math.isnan(tpot[2])
+  assert metrics.decode_tok_s(tpot) == pytest.approx(100.0)
+  assert metrics.whole_tok_s(500, 2.0) == 250.0
+  assert math.isnan(metrics.whole_tok_s(5, 0.0))
+
+
+def test_timing_summary_discards_request0():
+  cold = metrics.Request(0.0, 5.0, 6.0, 11)  # compilation: would dominate every figure
+  warm = [
+    metrics.Request(10.0 + i, 10.0 + i + 0.01 * (i + 1), 10.0 + i + 0.11, 11) for i in range(5)
+  ]
+  s = metrics.timing_summary([cold, *warm])
+  assert s["n_requests_timed"] == 5
+  assert s["completion_tokens"] == 55
+  assert s["ttft_ms_median"] == pytest.approx(30.0)
+  assert s["ttft_ms_p99"] == pytest.approx(50.0, abs=0.5)
+  tpots = [(110 - 10 * (i + 1)) / 10 for i in range(5)]
+  assert s["decode_tok_s"] == pytest.approx(1000 / np.mean(tpots))
+  assert s["wall_s"] == pytest.approx(4.11)
+  assert s["whole_tok_s"] == pytest.approx(55 / 4.11)
+  empty = metrics.timing_summary([cold])
+  assert empty["n_requests_timed"] == 0 and math.isnan(empty["decode_tok_s"])
+
+
+def test_speedups_and_spread():
+  sp = metrics.speedups({"null": 100.0, "ngram": 150.0, "bad": math.nan}, "null")
+  assert sp["null"] == 1.0 and sp["ngram"] == 1.5 and math.isnan(sp["bad"])
+  with pytest.raises(KeyError, match="baseline"):
+    metrics.speedups({"ngram": 1.0}, "null")
+  s = metrics.leg_spread([98.0, 102.0, math.nan])
+  assert s["n"] == 2 and s["mean"] == 100.0 and s["rel_half_range"] == pytest.approx(0.02)
+  assert metrics.leg_spread([])["n"] == 0
+
+
+def test_hist_summary_tau_by_bucket():
+  s = metrics.hist_summary(np.array([[1, 1], [0, 0]]))
+  assert s["tau_by_bucket"][0] == 1.5 and math.isnan(s["tau_by_bucket"][1])
+  assert "tau_by_bucket" not in metrics.hist_summary(np.array([1, 1]))
