@@ -8,15 +8,18 @@ import jax
 import jax.numpy as jnp
 
 from specdec.models.config import ModelConfig
-from specdec.models.transformer import KVCache, Transformer
+from specdec.models.transformer import ForwardOut, KVCache, Transformer
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype"))
-def _logits(params, tokens_BT, config: ModelConfig, dtype):
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "taps"))
+def forward(
+  params, tokens_BT, config: ModelConfig, dtype, taps: tuple[int, ...] = ()
+) -> ForwardOut:
+  """Full-sequence causal forward from position 0 (logits, taps, final-norm hidden)."""
   B, T = tokens_BT.shape
   positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   cache = KVCache.zeros(config, B, T, dtype)
-  return Transformer(config, dtype).apply(params, tokens_BT, positions_BT, cache).logits
+  return Transformer(config, dtype).apply(params, tokens_BT, positions_BT, cache, taps=taps)
 
 
 @dataclasses.dataclass
@@ -35,7 +38,7 @@ class Model:
     tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
     if tokens_BT.ndim != 2:
       raise ValueError(f"tokens must be [B, T], got shape {tokens_BT.shape}")
-    return _logits(self.params, tokens_BT, self.config, self.dtype)
+    return forward(self.params, tokens_BT, self.config, self.dtype).logits
 
   def encode(self, text: str) -> list[int]:
     if self.tokenizer is None:

@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments import table as table_main
 from specdec import metrics, results, tables
+from specdec import report as table_main
 
 
 def _row(method, k, hist, tok_s, leg, **over):

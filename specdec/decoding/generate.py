@@ -24,9 +24,9 @@ class Generation:
   stats: dict
 
 
-def prompt_bucket(n: int) -> int:
+def prompt_bucket(n: int, min_bucket: int = MIN_BUCKET) -> int:
   """Prompts are padded to power-of-two buckets so a sweep compiles a handful of prefills."""
-  return max(MIN_BUCKET, 1 << (max(n, 1) - 1).bit_length())
+  return max(min_bucket, 1 << (max(n, 1) - 1).bit_length())
 
 
 def cache_slots(bucket: int, max_new: int, k: int) -> int:
@@ -65,6 +65,8 @@ def generate(
   k: int | None = None,
   acceptance: str | None = None,
   max_slots: int | None = None,
+  min_bucket: int = MIN_BUCKET,
+  kv_dtype=None,
 ) -> Generation:
   """Generates from `prompts` (strings or token-id lists) with optional speculative drafting.
 
@@ -72,6 +74,8 @@ def generate(
   verified per target forward. acceptance: 'greedy' (temperature 0 only), 'onehot' (the default
   under sampling), 'fullq', or 'reject' (the same-shape baseline). Sampling transforms apply in the
   order temperature, top-k, top-p (see specdec.decoding.sampling).
+  The prompt is padded to a power-of-two bucket >= min_bucket (a sweep fixes one bucket so cells
+  share compiled executables); kv_dtype defaults to the model's dtype.
   """
   sampling = Sampling(float(temperature), top_k, float(top_p))
   sampling.validate()
@@ -89,7 +93,7 @@ def generate(
 
   ids = _prompt_ids(model, prompts)
   B, longest = len(ids), max(len(p) for p in ids)
-  bucket = prompt_bucket(longest)
+  bucket = prompt_bucket(longest, min_bucket)
   slots = cache_slots(bucket, max_new_tokens, k)
   room = max_slots or model.config.max_position_embeddings
   if longest + max_new_tokens + k + 1 > room:
@@ -105,7 +109,7 @@ def generate(
   lengths_B = jnp.asarray([len(p) for p in ids], jnp.int32)
   max_new_B = jnp.full((B,), max_new_tokens, jnp.int32)
   eos = tuple(model.config.eos_token_ids)
-  sc = StepConfig(model.config, model.dtype, drafter, k, sampling, mode, eos)
+  sc = StepConfig(model.config, model.dtype, drafter, k, sampling, mode, eos, kv_dtype)
 
   t0 = time.perf_counter()
   st = prefill(
@@ -149,6 +153,7 @@ def generate(
       "accept_hist": hist.tolist(),
     },
     "accept_hist": hist.sum(0).tolist(),
+    "start_s": t0,  # host perf_counter when generate began; finish_s counts from it
     "prefill_s": t1 - t0,
     "decode_s": t2 - t1,
     "finish_s": finish_s.tolist(),

@@ -29,6 +29,7 @@ class StepConfig:
   sampling: sampling_lib.Sampling
   mode: str
   eos_ids: tuple[int, ...]
+  kv_dtype: object = None  # None: the model's dtype
 
   @property
   def module(self) -> Transformer:
@@ -52,7 +53,7 @@ def prefill(
 ):
   """Runs the prompt bucket through the target, samples the first token, builds the state."""
   B, T = prompt_BT.shape
-  cache = KVCache.zeros(sc.config, B, slots, sc.dtype)
+  cache = KVCache.zeros(sc.config, B, slots, sc.kv_dtype or sc.dtype)
   positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   last_B1 = (prompt_lengths_B - 1)[:, None]
   out = sc.module.apply(

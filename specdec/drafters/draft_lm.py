@@ -29,11 +29,6 @@ class DraftLM(Drafter):
     dv, tv = self.model.config.vocab_size, target_config.vocab_size
     if dv != tv:
       raise ValueError(f"draft_lm vocabulary ({dv}) differs from the target's ({tv})")
-    if slots > self.model.config.max_position_embeddings:
-      raise ValueError(
-        f"draft_lm: the cache needs {slots} positions but the draft model has "
-        f"max_position_embeddings={self.model.config.max_position_embeddings}"
-      )
 
   def init(self, params, prompt_BT, lengths_B, target):
     B, T = prompt_BT.shape

@@ -1,0 +1,29 @@
+"""The default sweep: the tiny zoo on a HumanEval subset, draft budget k for every drafter plus
+the no-draft arm, greedy. Runs in a few minutes on a 2-core CPU."""
+
+import ml_collections
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.target = "zoo:target"
+  c.draft_lm = "zoo:draft_lm"
+  c.dtype = "float32"  # CPU default; bfloat16 on GPU
+  c.workload = "humaneval"
+  c.n_prompts = 4  # request 0 of each leg is warm-up
+  c.max_new_tokens = 64
+  c.legs = 2
+  c.seed = 0
+  # Axes: the sweep runs their product (the no-draft arm always, at k = 0).
+  c.methods = ("null", "ngram", "draft_lm")
+  c.ks = (1, 2, 4, 8, 12, 16)
+  c.prompt_tokens = (0,)  # 0: prompts as they are; > 0: extended with real text to that length
+  c.temperatures = (0.0,)
+  c.top_ks = (0,)
+  c.top_ps = (1.0,)
+  c.acceptances = ("auto",)  # greedy at T = 0, onehot when sampling
+  c.target_formats = ("bf16",)
+  c.kv_dtypes = ("model",)
+  c.batches = (1,)
+  c.ngram = ml_collections.ConfigDict({"min_n": 1, "max_n": 4})
+  return c

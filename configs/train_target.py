@@ -1,0 +1,57 @@
+"""The zoo's target: Qwen3 architecture, 7.6M params (14.5 MiB in bf16), vocab 8192.
+
+  python -m experiments.train_lm --config=configs/train_target.py --corpus_dir=runs/corpus \
+      --out=runs/zoo/target
+
+Budget: 2500 steps x 8 x 2048 = 41M tokens, ~15 epochs of the 2.7M-token stdlib corpus. The corpus,
+not the GPU, bounds the budget: the model is bigger than its data, so the export is the checkpoint
+with the best held-out loss (export_best) rather than the last one. Training runs at the full 2048
+context: RoPE does not extrapolate past the trained length, and the sweeps measure acceptance
+across context length up to max_position_embeddings.
+"""
+
+import ml_collections
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.model = ml_collections.ConfigDict(
+    dict(
+      model_type="qwen3",
+      vocab_size=8192,
+      hidden_size=256,
+      intermediate_size=768,
+      num_hidden_layers=6,
+      num_attention_heads=8,
+      num_key_value_heads=2,
+      head_dim=64,
+      max_position_embeddings=2048,
+      rope_theta=10000.0,
+      rms_norm_eps=1e-6,
+      tie_word_embeddings=True,
+      eos_token_id=0,  # specdec.data.tokenizer.EOS_ID: the document separator in train.npy
+    )
+  )
+  c.seq_len = 2048
+  c.batch_size = 8
+  c.steps = 2500
+  c.lr = 1e-3
+  c.warmup = 100
+  c.end_lr_ratio = 0.1
+  c.weight_decay = 0.1
+  c.b2 = 0.95
+  c.clip = 1.0
+  c.seed = 0
+  c.compute_dtype = "bfloat16"  # float32 master weights either way
+  c.export_dtype = "bfloat16"
+  c.export_best = True  # export at the best held-out loss so far
+  # Distillation: a teacher checkpoint dir ("" trains on next-token cross-entropy alone).
+  c.teacher = ""
+  c.distill_alpha = 1.0  # loss = alpha * KL(teacher || student) + (1 - alpha) * CE
+  c.distill_temperature = 1.0
+  c.train_tokens = 0  # > 0: only this prefix of train.npy (tests, quick looks)
+  c.eval_batches = 0  # 0: the whole held-out split
+  c.log_every = 25
+  c.eval_every = 100
+  c.ckpt_every = 500
+  return c

@@ -1,0 +1,26 @@
+"""The main job: a draft-budget x context-length sweep from an ml_collections config.
+
+python -m experiments.sweep [--config=configs/default.py] [--config.ks=1,2,4] --out=runs/default
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from specdec import report, sweep_main
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "sweep config file")
+_OUT = flags.DEFINE_string("out", "runs/default", "results directory (a re-run resumes it)")
+_PLOTS = flags.DEFINE_bool("plots", True, "write the tables' LaTeX and PNG plots into --out")
+
+
+def main(argv):
+  del argv
+  print(sweep_main.run(_CONFIG.value, _OUT.value))
+  if _PLOTS.value:
+    for layout in ("draft_budget", "per_position"):
+      _, written = report.run(f"{_OUT.value}/results.jsonl", layout)
+      print("wrote", ", ".join(str(p) for p in written))
+
+
+if __name__ == "__main__":
+  app.run(main)

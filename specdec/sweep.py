@@ -1,0 +1,233 @@
+"""The sweep: the product of a config's axes, run as interleaved legs, one result row per
+(cell, leg), appended atomically so a killed sweep resumes where it stopped.
+
+Legs: every cell runs once per leg, and a leg visits all cells before the next leg starts (arms
+interleaved A, B, A, B). Within a (cell, leg) the requests run one batch after another; request 0
+is the warm-up (compiles) and is left out of every timing. Leg l substitutes one prompt token by
+repetition l, so a copying drafter cannot draft from memory of the previous leg.
+
+The gate: greedy output of every drafted cell must be token-identical to the no-draft arm on the
+same prompts and leg (compared by a hash of the outputs stored in each row); a sampled cell gets a
+separate greedy check of the same drafter. Its speed is admissible only where the gate passed.
+"""
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import os
+
+import jax.numpy as jnp
+import numpy as np
+
+from specdec import metrics, results
+from specdec.data import workload as workload_lib
+from specdec.decoding.generate import generate, prompt_bucket
+from specdec.drafters import draft_lm, ngram, null
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+TARGET_FORMATS = ("bf16",)  # quantized formats join as their loaders land
+KV_DTYPES = ("model", "float32", "bfloat16")
+
+
+class SweepError(ValueError):
+  """A sweep config that cannot run; raised before anything compiles."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  method: str
+  k: int
+  prompt_tokens: int  # 0: prompts as they are
+  temperature: float
+  top_k: int
+  top_p: float
+  acceptance: str
+  target_format: str
+  kv_dtype: str
+  batch: int
+
+  @property
+  def baseline(self) -> "Cell":
+    return dataclasses.replace(self, method="null", k=0, acceptance=_auto(self.temperature))
+
+
+def _auto(temperature: float) -> str:
+  return "greedy" if temperature == 0 else "onehot"
+
+
+def resolve_path(spec: str) -> str:
+  """'zoo:<name>' names a model shipped in specdec/zoo; anything else is a path."""
+  if spec.startswith("zoo:"):
+    return os.path.join(os.path.dirname(__file__), "zoo", spec[4:])
+  return spec
+
+
+STR_AXES = ("methods", "acceptances", "target_formats", "kv_dtypes")
+
+
+def normalize(cfg):
+  """Lets string axes be given on the command line as `--config.methods=null,ngram`."""
+  cfg = cfg.copy_and_resolve_references()
+  with cfg.unlocked():
+    for name in STR_AXES:
+      items = (cfg[name],) if isinstance(cfg[name], str) else cfg[name]
+      cfg[name] = tuple(v.strip() for item in items for v in item.split(",") if v.strip())
+    for name in ("ks", "prompt_tokens", "temperatures", "top_ks", "top_ps", "batches"):
+      if isinstance(cfg[name], int | float):
+        cfg[name] = (cfg[name],)
+  return cfg
+
+
+def expand(cfg) -> list[Cell]:
+  """Every cell of the config's axes; the no-draft arm (k = 0) is always included, first."""
+  cells = []
+  for method in ("null", *[m for m in cfg.methods if m != "null"]):
+    ks = (0,) if method == "null" else tuple(cfg.ks)
+    for k, pt, t, tk, tp, acc, fmt, kv, b in itertools.product(
+      ks, cfg.prompt_tokens, cfg.temperatures, cfg.top_ks, cfg.top_ps, cfg.acceptances,
+      cfg.target_formats, cfg.kv_dtypes, cfg.batches,
+    ):  # fmt: skip
+      acc = _auto(t) if acc == "auto" or method == "null" else acc
+      cells.append(
+        Cell(method, int(k), int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b))
+      )
+  return list(dict.fromkeys(cells))
+
+
+def validate(cfg, cells: list[Cell], max_positions: int, longest_prompt: int) -> None:
+  for name in ("ks", "prompt_tokens", "temperatures", "batches", "methods"):
+    if not len(cfg[name]):
+      raise SweepError(f"config.{name} is empty")
+  if cfg.legs < 2:
+    raise SweepError(f"config.legs={cfg.legs}: arms need >= 2 interleaved legs")
+  if cfg.n_prompts < 2:
+    raise SweepError(f"config.n_prompts={cfg.n_prompts}: request 0 is warm-up, need >= 2")
+  known = ("null", "ngram", "draft_lm")
+  for m in cfg.methods:
+    if m not in known:
+      raise SweepError(f"config.methods: unknown method {m!r}; available: {', '.join(known)}")
+  for c in cells:
+    if c.target_format not in TARGET_FORMATS:
+      raise SweepError(f"config.target_formats: {c.target_format!r} is not available yet")
+    if c.kv_dtype not in KV_DTYPES:
+      raise SweepError(f"config.kv_dtypes: unknown {c.kv_dtype!r}; choose from {KV_DTYPES}")
+    if c.method != "null" and c.k < 1:
+      raise SweepError(f"config.ks: k={c.k} must be >= 1")
+    plen = max(c.prompt_tokens, longest_prompt)
+    need = plen + cfg.max_new_tokens + c.k + 1
+    if need > max_positions:
+      raise SweepError(
+        f"cell {c.method} k={c.k} prompt_tokens={c.prompt_tokens}: prompt ({plen}) + "
+        f"max_new_tokens ({cfg.max_new_tokens}) + k+1 = {need} exceeds the target's "
+        f"{max_positions} positions"
+      )
+    if c.temperature < 0 or not 0 < c.top_p <= 1 or c.top_k < 0:
+      raise SweepError(f"cell {c}: invalid sampling (temperature/top_k/top_p)")
+    if c.acceptance == "greedy" and c.temperature > 0:
+      raise SweepError(f"cell {c}: greedy acceptance needs temperature 0")
+
+
+def output_sha(tokens: list[list[int]]) -> str:
+  return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+
+class Runner:
+  """Holds the loaded models and prompts of one sweep; runs (cell, leg) units."""
+
+  def __init__(self, cfg, target, drafter_models: dict):
+    self.cfg, self.target = cfg, target
+    self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n)}
+    if "draft_lm" in drafter_models:
+      self.drafters["draft_lm"] = draft_lm(drafter_models["draft_lm"])
+    prompts = workload_lib.select(workload_lib.load_workload(cfg.workload), cfg.n_prompts)
+    self.texts = prompts
+    self._ids: dict = {}
+    self._greedy_ref: dict = {}
+
+  def prompt_ids(self, prompt_tokens: int, leg: int) -> list[list[int]]:
+    key = (prompt_tokens, leg)
+    if key not in self._ids:
+      V = self.target.config.vocab_size
+      self._ids[key] = [
+        workload_lib.prompt_ids(
+          p.text, self.target.encode, target_len=prompt_tokens or None,
+          filler=workload_lib.workload_filler(self.texts, i), repetition=leg, vocab_size=V,
+          avoid=self.target.config.eos_token_ids,
+        )
+        for i, p in enumerate(self.texts)
+      ]  # fmt: skip
+    return self._ids[key]
+
+  def bucket(self, prompt_tokens: int) -> int:
+    return prompt_bucket(max(len(p) for p in self.prompt_ids(prompt_tokens, 0)))
+
+  def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
+    t = cell.temperature if temperature is None else temperature
+    kv = None if cell.kv_dtype == "model" else DTYPES[cell.kv_dtype]
+    name = drafter_name or cell.method
+    return generate(
+      self.target, ids, max_new_tokens=self.cfg.max_new_tokens, temperature=t,
+      top_k=cell.top_k if t else 0, top_p=cell.top_p if t else 1.0, seed=seed,
+      drafter=self.drafters[name], k=cell.k if name != "null" else 0,
+      acceptance=acceptance or (cell.acceptance if t else "greedy"),
+      min_bucket=self.bucket(cell.prompt_tokens), kv_dtype=kv,
+    )  # fmt: skip
+
+  def run(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
+    ids = self.prompt_ids(cell.prompt_tokens, leg)
+    seed = self.cfg.seed + 1000 * leg
+    requests, hists, outputs = [], [], []
+    for i in range(0, len(ids), cell.batch):
+      g = self._generate(cell, ids[i : i + cell.batch], seed + i)
+      start = g.stats["start_s"]
+      for n_out, fin in zip(g.stats["tokens_out"], g.stats["finish_s"], strict=True):
+        requests.append(metrics.Request(start, start + g.stats["prefill_s"], start + fin, n_out))
+      hists.append(np.asarray(g.stats["accept_hist"]))
+      outputs.extend(g.tokens)
+    sha = output_sha(outputs)
+    gate, passed = self._gate(cell, leg, sha, baseline_sha)
+    hist = np.sum(hists, axis=0)
+    row = {
+      **dataclasses.asdict(cell),
+      "workload": self.cfg.workload,
+      "ctx_bucket": metrics.bucket_labels()[int(metrics.ctx_bucket(len(ids[0])))],
+      "seed": seed,
+      "leg": leg,
+      "target": self.cfg.target,
+      "drafter": self.cfg.draft_lm if cell.method == "draft_lm" else cell.method,
+      "max_new_tokens": self.cfg.max_new_tokens,
+      "n_prompts": len(ids),
+      **results.environment_fields(),
+      **metrics.hist_summary(hist),
+      "accept_hist": hist.tolist(),
+      "ctx_edges": [None if math.isinf(e) else e for e in metrics.DEFAULT_CTX_EDGES],
+      **metrics.timing_summary(requests),
+      "gate_passed": passed,
+      "gate": gate,
+      "extra": {"output_sha": sha, "prompt_lengths": [len(p) for p in ids]},
+    }
+    row["prompt_tokens"] = cell.prompt_tokens
+    return row
+
+  def _gate(self, cell: Cell, leg: int, sha: str, baseline_sha: str | None):
+    if cell.method == "null":
+      return "baseline", True
+    if cell.temperature == 0:
+      return "greedy outputs == no-draft arm, same leg", sha == baseline_sha
+    # Sampled cell: greedy check of the same drafter and k on the first two prompts.
+    ids = self.prompt_ids(cell.prompt_tokens, leg)[:2]
+    key = (cell.prompt_tokens, leg)
+    if key not in self._greedy_ref:
+      self._greedy_ref[key] = self._generate(cell, ids, 0, "null", 0.0).tokens
+    out = self._generate(cell, ids, 0, temperature=0.0, acceptance="greedy").tokens
+    return "greedy check (2 prompts) == no-draft arm", out == self._greedy_ref[key]
+
+
+def baseline_key(cell: Cell, leg: int) -> tuple:
+  return (*dataclasses.astuple(cell.baseline), leg)
+
+
+def cell_of(row: dict) -> tuple:
+  return (*(row[f.name] for f in dataclasses.fields(Cell)), row["leg"])

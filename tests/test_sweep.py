@@ -1,0 +1,128 @@
+"""The sweep: rows, gate, resume (also after SIGKILL), and refusal of impossible configs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from configs import default
+from specdec import results, sweep_main
+from specdec.sweep import SweepError
+from tests.helpers import GOLDEN
+
+TARGET = os.path.join(GOLDEN, "qwen3_gqa")
+FLAGS = [
+  f"--config.target={TARGET}",
+  f"--config.draft_lm={TARGET}",
+  "--config.methods=null,ngram",
+  "--config.ks=1",
+  "--config.n_prompts=2",
+  "--config.max_new_tokens=8",
+]
+
+
+def small_config(**kw):
+  c = default.get_config()
+  c.update(dict(target=TARGET, draft_lm=TARGET, methods=("null", "ngram"), ks=(1, 3)))
+  c.update(dict(n_prompts=2, max_new_tokens=8))
+  c.update(kw)
+  return c
+
+
+def _rows(out):
+  return results.load_rows(os.path.join(out, "results.jsonl"))
+
+
+def test_sweep_writes_a_row_per_cell_and_leg_and_resumes(tmp_path):
+  out = str(tmp_path / "run")
+  md = sweep_main.run(small_config(), out, progress=False)
+  rows = _rows(out)
+  assert len(rows) == 3 * 2  # (null, ngram k=1, ngram k=3) x 2 legs
+  assert {(r["method"], r["k"], r["leg"]) for r in rows} == {
+    (m, k, leg) for m, k in (("null", 0), ("ngram", 1), ("ngram", 3)) for leg in (0, 1)
+  }
+  assert all(r["gate_passed"] for r in rows)
+  assert all(1 <= r["tau"] <= r["k"] + 1 for r in rows)
+  assert all(r["n_requests_timed"] == 1 for r in rows)  # request 0 discarded
+  assert "| k | τ |" in md
+  with open(os.path.join(out, "config.json")) as f:
+    assert json.load(f)["ks"] == [1, 3]
+  # The same --out again: every (cell, leg) is finished, nothing is appended.
+  sweep_main.run(small_config(), out, progress=False)
+  assert len(_rows(out)) == 6
+
+
+def test_resume_refuses_a_different_sweep(tmp_path):
+  out = str(tmp_path / "run")
+  sweep_main.run(small_config(ks=(1,)), out, progress=False)
+  with pytest.raises(results.ResultsError, match="ks"):
+    sweep_main.run(small_config(ks=(2,)), out, progress=False)
+
+
+def test_killed_sweep_loses_at_most_the_cell_in_flight(tmp_path):
+  out = str(tmp_path / "run")
+  path = os.path.join(out, "results.jsonl")
+  cmd = [sys.executable, "-m", "experiments.sweep", *FLAGS, f"--out={out}", "--noplots"]
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 240
+  while time.time() < deadline and not (os.path.exists(path) and len(_rows(out)) >= 2):
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  before = _rows(out)
+  assert 2 <= len(before) < 4, "the sweep should have been killed mid-way"
+  subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  after = _rows(out)
+  assert after[: len(before)] == before  # finished cells kept, not redone
+  assert len(after) == 4 and len({(r["method"], r["leg"]) for r in after}) == 4
+
+
+@pytest.mark.parametrize(
+  "kw, fragment",
+  [
+    (dict(ks=(600,)), "exceeds the target's 512 positions"),
+    (dict(prompt_tokens=(600,)), "exceeds"),
+    (dict(ks=(0,)), "k=0 must be >= 1"),
+    (dict(methods=("null", "medusa")), "unknown method 'medusa'"),
+    (dict(target_formats=("nvfp4",)), "target_formats"),
+    (dict(legs=1), "legs"),
+    (dict(dtype="float8"), "config.dtype"),
+  ],
+)
+def test_impossible_configs_are_refused_before_running(tmp_path, kw, fragment):
+  out = tmp_path / "run"
+  with pytest.raises(SweepError, match=fragment):
+    sweep_main.run(small_config(**kw), str(out), progress=False)
+  assert not (out / "results.jsonl").exists()
+
+
+def test_unwritable_out_is_refused(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises(results.ResultsError, match="not a writable directory"):
+    sweep_main.run(small_config(), str(blocker / "run"), progress=False)
+
+
+def test_unknown_config_field_is_refused(tmp_path):
+  cmd = [
+    sys.executable,
+    "-m",
+    "experiments.sweep",
+    *FLAGS,
+    "--config.nonsense=3",
+    f"--out={tmp_path}",
+  ]
+  r = subprocess.run(cmd, capture_output=True, text=True)
+  assert r.returncode != 0 and "nonsense" in r.stderr
+
+
+def test_corrupt_results_line_is_refused(tmp_path):
+  out = tmp_path / "run"
+  out.mkdir()
+  (out / "results.jsonl").write_text('{"method": "null"}\nnot json\n{"a": 1}\n')
+  with pytest.raises(results.ResultsError, match=r"results.jsonl:2: corrupt result row"):
+    sweep_main.run(small_config(), str(out), progress=False)
