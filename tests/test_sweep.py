@@ -126,3 +126,18 @@ def test_corrupt_results_line_is_refused(tmp_path):
   (out / "results.jsonl").write_text('{"method": "null"}\nnot json\n{"a": 1}\n')
   with pytest.raises(results.ResultsError, match=r"results.jsonl:2: corrupt result row"):
     sweep_main.run(small_config(), str(out), progress=False)
+
+
+@pytest.mark.parametrize("name", ["acceptance_curves", "draft_budget"])
+def test_notebooks_execute_on_a_real_sweep(tmp_path_factory, name):
+  import nbclient
+  import nbformat
+
+  out = tmp_path_factory.getbasetemp() / "nb_sweep"
+  if not (out / "results.jsonl").exists():
+    sweep_main.run(small_config(), str(out), progress=False)
+  nb = nbformat.read(f"notebooks/{name}.ipynb", as_version=4)
+  assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # stripped in git
+  os.environ["SPECDEC_RESULTS"] = str(out / "results.jsonl")
+  nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+  assert any(o.get("data", {}).get("image/png") for c in nb.cells for o in c.get("outputs", []))
