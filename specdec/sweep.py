@@ -25,9 +25,11 @@ from specdec import metrics, results
 from specdec.data import workload as workload_lib
 from specdec.decoding.generate import generate, prompt_bucket
 from specdec.drafters import draft_lm, ngram, null
+from specdec.quant.apply import quantize_model
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-TARGET_FORMATS = ("bf16",)  # quantized formats join as their loaders land
+# "bf16" is the target as loaded (in config.dtype); the others quantize its linear layers.
+TARGET_FORMATS = ("bf16", "nvfp4", "fp8")
 KV_DTYPES = ("model", "float32", "bfloat16")
 
 
@@ -138,6 +140,7 @@ class Runner:
 
   def __init__(self, cfg, target, drafter_models: dict):
     self.cfg, self.target = cfg, target
+    self._targets = {"bf16": target}
     self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n)}
     if "draft_lm" in drafter_models:
       self.drafters["draft_lm"] = draft_lm(drafter_models["draft_lm"])
@@ -167,8 +170,10 @@ class Runner:
     t = cell.temperature if temperature is None else temperature
     kv = None if cell.kv_dtype == "model" else DTYPES[cell.kv_dtype]
     name = drafter_name or cell.method
+    if cell.target_format not in self._targets:
+      self._targets[cell.target_format] = quantize_model(self.target, cell.target_format)
     return generate(
-      self.target, ids, max_new_tokens=self.cfg.max_new_tokens, temperature=t,
+      self._targets[cell.target_format], ids, max_new_tokens=self.cfg.max_new_tokens, temperature=t,
       top_k=cell.top_k if t else 0, top_p=cell.top_p if t else 1.0, seed=seed,
       drafter=self.drafters[name], k=cell.k if name != "null" else 0,
       acceptance=acceptance or (cell.acceptance if t else "greedy"),

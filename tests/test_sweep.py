@@ -88,7 +88,7 @@ def test_killed_sweep_loses_at_most_the_cell_in_flight(tmp_path):
     (dict(prompt_tokens=(600,)), "exceeds"),
     (dict(ks=(0,)), "k=0 must be >= 1"),
     (dict(methods=("null", "medusa")), "unknown method 'medusa'"),
-    (dict(target_formats=("nvfp4",)), "target_formats"),
+    (dict(target_formats=("exl3",)), "target_formats"),
     (dict(legs=1), "legs"),
     (dict(dtype="float8"), "config.dtype"),
   ],

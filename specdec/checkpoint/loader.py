@@ -24,6 +24,7 @@ from specdec.models.config import ConfigError, ModelConfig, load_config, to_hf_d
 from specdec.models.transformer import KVCache, Transformer
 
 FLOAT_SOURCE_DTYPES = ("float32", "float16", "bfloat16")
+ACTIVATION_SCALES = (".input_scale", ".input_global_scale")
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -67,46 +68,103 @@ def load_tokenizer(path: str, vocab_size: int):
   return tok
 
 
-def read_params(path: str, config: ModelConfig, dtype) -> dict:
+def read_quant_scheme(path: str, raw_config: dict):
+  """The checkpoint's quantization scheme (ModelOpt or compressed-tensors), or None."""
+  from specdec.quant import layouts
+
+  hf_file = os.path.join(path, "hf_quant_config.json")
+  hf = None
+  if os.path.exists(hf_file):
+    try:
+      with open(hf_file) as f:
+        hf = json.load(f)
+    except json.JSONDecodeError as e:
+      raise CheckpointError(f"{hf_file}: not valid JSON ({e})") from e
+  if hf is None and "quantization_config" not in raw_config:
+    return None
+  return layouts.parse_quant_config(raw_config, hf)
+
+
+def read_params(path: str, config: ModelConfig, dtype, scheme=None) -> dict:
   files = checkpoint_files(path)
   want = expected_shapes(config)
-  found: dict[str, np.ndarray] = {}
+  arrays: dict[str, np.ndarray] = {}
   by_file: dict[str, list[str]] = {}
   for name, file in files.items():
     by_file.setdefault(file, []).append(name)
   for file, tensor_names in sorted(by_file.items()):
-    for name, array in read_tensors(file, tensor_names).items():
-      if names.is_ignored(name):
-        continue
-      mapped = names.to_path(name)
-      if mapped is None or (mapped[0] not in want and not _tied_head(mapped[0], config)):
-        raise CheckpointError(
-          f"{file}: unexpected tensor {name!r} for this {config.model_type} config"
-        )
-      target, transpose = mapped
-      if target not in want:
-        continue  # a tied checkpoint that also stores lm_head.weight
-      if array.dtype.name not in FLOAT_SOURCE_DTYPES:
-        raise CheckpointError(
-          f"{file}: tensor {name!r} has dtype {array.dtype.name}; expected one of "
-          f"{', '.join(FLOAT_SOURCE_DTYPES)}"
-        )
-      if transpose:
-        array = array.T
-      if array.shape != want[target]:
-        shown = array.T.shape if transpose else array.shape
-        expect = want[target][::-1] if transpose else want[target]
-        raise CheckpointError(
-          f"{file}: tensor {name!r} has shape {shown}, expected {expect} from config.json"
-        )
-      found[target] = array
+    arrays.update(read_tensors(file, tensor_names))
+  found: dict = {}
+  consumed: set[str] = set()
+  if scheme is not None:
+    found, consumed = _read_quantized_linears(arrays, files, want, scheme)
+  for name, array in arrays.items():
+    if name in consumed or names.is_ignored(name):
+      continue
+    if scheme is not None and name.endswith(ACTIVATION_SCALES):
+      continue  # weight-only execution (W4A16 / W8A16) reads no activation scales
+    file = files[name]
+    mapped = names.to_path(name)
+    if mapped is None or (mapped[0] not in want and not _tied_head(mapped[0], config)):
+      raise CheckpointError(
+        f"{file}: unexpected tensor {name!r} for this {config.model_type} config"
+      )
+    target, transpose = mapped
+    if target not in want:
+      continue  # a tied checkpoint that also stores lm_head.weight
+    if array.dtype.name not in FLOAT_SOURCE_DTYPES:
+      raise CheckpointError(
+        f"{file}: tensor {name!r} has dtype {array.dtype.name}; expected one of "
+        f"{', '.join(FLOAT_SOURCE_DTYPES)}"
+      )
+    if transpose:
+      array = array.T
+    if array.shape != want[target]:
+      shown = array.T.shape if transpose else array.shape
+      expect = want[target][::-1] if transpose else want[target]
+      raise CheckpointError(
+        f"{file}: tensor {name!r} has shape {shown}, expected {expect} from config.json"
+      )
+    found[target] = array
   missing = sorted(set(want) - set(found))
   if missing:
     hf = names.to_hf_name(missing[0])[0]
     raise CheckpointError(f"{path}: missing tensor {hf!r} ({len(missing)} missing in all)")
-  return unflatten_dict(
-    {tuple(k.split("/")): jnp.asarray(v.astype(np.float32), dtype) for k, v in found.items()}
-  )
+
+  def to_device(v):
+    if isinstance(v, np.ndarray):
+      return jnp.asarray(v.astype(np.float32), dtype)
+    return jax.tree.map(jnp.asarray, v)  # a quantized weight keeps its own dtypes
+
+  return unflatten_dict({tuple(k.split("/")): to_device(v) for k, v in found.items()})
+
+
+def _read_quantized_linears(arrays, files, want, scheme):
+  """Every Linear kernel through the quantization layouts (dense where the scheme says so)."""
+  from specdec.quant.errors import QuantFormatError
+  from specdec.quant.layouts import read_linear
+
+  found, consumed = {}, set()
+
+  def get(name):
+    consumed.add(name)
+    return arrays[name]
+
+  for path, shape in want.items():
+    if not path.endswith("/kernel"):
+      continue
+    module = names.module_of(path)
+    try:
+      w = read_linear(scheme, module, get, shape=shape)
+    except QuantFormatError as e:
+      file = files.get(f"{module}.weight") or files.get(f"{module}.weight_packed") or "checkpoint"
+      raise CheckpointError(f"{file}: {e}") from e
+    except KeyError as e:
+      raise CheckpointError(
+        f"{os.path.dirname(next(iter(files.values())))}: missing tensor {e}"
+      ) from e
+    found[path] = w if not isinstance(w, np.ndarray) else np.asarray(w)
+  return found, consumed
 
 
 def _tied_head(target: str, config: ModelConfig) -> bool:
@@ -123,25 +181,60 @@ def load(path: str, dtype=jnp.bfloat16):
     config = load_config(path)
   except ConfigError as e:
     raise CheckpointError(str(e)) from e
-  params = read_params(path, config, dtype)
+  with open(os.path.join(path, "config.json")) as f:
+    scheme = read_quant_scheme(path, json.load(f))
+  params = read_params(path, config, dtype, scheme)
   tokenizer = load_tokenizer(path, config.vocab_size)
   config = config.replace(eos_token_ids=_eos_ids(path, config))
   return Model(config=config, params={"params": params}, tokenizer=tokenizer, dtype=dtype)
 
 
-def save(path: str, model, dtype=None) -> None:
-  """Writes `model` in the HF layout this loader reads (config, safetensors, tokenizer)."""
+def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
+  """Writes `model` in the HF layout this loader reads (config, safetensors, tokenizer).
+
+  Quantized kernels (NVFP4 / FP8 weights) are written in `layout` ("modelopt" or
+  "compressed-tensors") with the matching quantization config; dense ones as plain weights.
+  """
+  from specdec.quant import layouts
+  from specdec.quant.matmul import QuantizedWeight
+
   os.makedirs(path, exist_ok=True)
+  flat = {"/".join(k): v for k, v in flatten_dict(model.params["params"]).items()}
+  formats = {}
+  for key, value in flat.items():
+    if isinstance(value, QuantizedWeight):
+      kind = "nvfp4" if type(value).__name__ == "NVFP4Weight" else "fp8"
+      formats[names.module_of(key)] = layouts.LinearFormat(kind, layout)
+    elif key.endswith("/kernel"):
+      formats[names.module_of(key)] = None
+  quant_config = hf_quant = None
+  if any(formats.values()):
+    quant_config, hf_quant = layouts.write_quant_config(layout, formats)
+    scheme = layouts.parse_quant_config({"quantization_config": quant_config}, hf_quant)
   tensors = {}
-  for key, value in flatten_dict(model.params["params"]).items():
-    name, transpose = names.to_hf_name("/".join(key))
+  for key, value in flat.items():
+    if key in flat and isinstance(value, QuantizedWeight):
+      tensors.update(layouts.write_linear(scheme, names.module_of(key), value))
+      continue
+    name, transpose = names.to_hf_name(key)
     a = np.asarray(jnp.asarray(value, dtype or value.dtype))
     tensors[name] = np.ascontiguousarray(a.T if transpose else a)
   write_tensors(os.path.join(path, "model.safetensors"), tensors, {"format": "pt"})
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(to_hf_dict(model.config), f, indent=2)
+  config = to_hf_dict(model.config)
+  if quant_config:
+    config["quantization_config"] = quant_config
+  _write_json(os.path.join(path, "config.json"), config)
+  if hf_quant:
+    _write_json(os.path.join(path, "hf_quant_config.json"), hf_quant)
   if model.config.eos_token_ids:
-    with open(os.path.join(path, "generation_config.json"), "w") as f:
-      json.dump({"eos_token_id": list(model.config.eos_token_ids)}, f, indent=2)
+    _write_json(
+      os.path.join(path, "generation_config.json"),
+      {"eos_token_id": list(model.config.eos_token_ids)},
+    )
   if model.tokenizer is not None:
     model.tokenizer.save(os.path.join(path, "tokenizer.json"))
+
+
+def _write_json(file: str, d: dict) -> None:
+  with open(file, "w") as f:
+    json.dump(d, f, indent=2)

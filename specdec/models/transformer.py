@@ -63,8 +63,11 @@ class Linear(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    init = nn.initializers.normal(0.02)
-    w = self.param("kernel", init, (x.shape[-1], self.features))
+    if self.has_variable("params", "kernel"):
+      # Read, not `param`: a quantized kernel is a pytree whose leaves have other shapes.
+      w = self.get_variable("params", "kernel")
+    else:
+      w = self.param("kernel", nn.initializers.normal(0.02), (x.shape[-1], self.features))
     y = matmul(x, w)
     if self.use_bias:
       y = y + self.param("bias", nn.initializers.zeros, (self.features,)).astype(y.dtype)

@@ -1,0 +1,39 @@
+"""Quantize a model's linear layers in place of their dense kernels."""
+
+import dataclasses
+
+import jax.numpy as jnp
+from flax.traverse_util import flatten_dict, unflatten_dict
+
+from specdec.quant import fp8, nvfp4
+
+FORMATS = ("nvfp4", "fp8")
+
+
+def quantize_model(model, fmt: str, exclude: tuple[str, ...] = ("lm_head",)):
+  """A copy of `model` whose Linear kernels are NVFP4 or FP8 weights (embeddings, norms and the
+  modules in `exclude` stay dense: the LM head is kept at full precision as published NVFP4
+  checkpoints do)."""
+  if fmt not in FORMATS:
+    raise ValueError(f"unknown quantization format {fmt!r}; choose one of {FORMATS}")
+  flat = flatten_dict(model.params["params"])
+  out = {}
+  for key, w in flat.items():
+    if key[-1] != "kernel" or key[0] in exclude:
+      out[key] = w
+    elif fmt == "nvfp4":
+      out[key] = nvfp4.quantize(jnp.asarray(w, jnp.float32))
+    else:
+      out[key] = fp8.quantize(jnp.asarray(w, jnp.float32))
+  return dataclasses.replace(model, params={"params": unflatten_dict(out)})
+
+
+def dequantized_twin(model):
+  """The same model with every quantized kernel expanded to a dense array in the model's dtype."""
+  from specdec.quant.matmul import QuantizedWeight
+
+  def expand(w):
+    return w.dequantize(model.dtype) if isinstance(w, QuantizedWeight) else w
+
+  flat = {k: expand(v) for k, v in flatten_dict(model.params["params"]).items()}
+  return dataclasses.replace(model, params={"params": unflatten_dict(flat)})

@@ -1,0 +1,63 @@
+"""NVFP4 / FP8 targets: load both layouts, run in the jitted step, match the dequantized twin."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec
+from specdec.checkpoint.safetensors_io import read_tensors, write_tensors
+from specdec.drafters import ngram
+from specdec.quant.apply import dequantized_twin, quantize_model
+from specdec.quant.matmul import QuantizedWeight
+from tests.helpers import tiny_model
+
+X = np.array([[1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]])
+
+
+@pytest.fixture(scope="module")
+def dense():
+  return tiny_model(scale=4.0, hidden_size=64, intermediate_size=128)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_quantized_logits_match_the_dequantized_twin(dense, fmt):
+  q = quantize_model(dense, fmt)
+  kernel = q.params["params"]["layer_0"]["mlp"]["up_proj"]["kernel"]
+  assert isinstance(kernel, QuantizedWeight)
+  a, b = np.asarray(q.logits(X)), np.asarray(dequantized_twin(q).logits(X))
+  # float32 on both sides; only the summation order inside the dot may differ.
+  assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+
+
+@pytest.mark.parametrize("layout", ["modelopt", "compressed-tensors"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_quantized_checkpoint_round_trips(dense, tmp_path, fmt, layout):
+  q = quantize_model(dense, fmt)
+  specdec.save(str(tmp_path), q, layout=layout)
+  with open(tmp_path / "config.json") as f:
+    assert "quantization_config" in json.load(f)
+  r = specdec.load(str(tmp_path), dtype=jnp.float32)
+  assert isinstance(r.params["params"]["layer_1"]["attn"]["o_proj"]["kernel"], QuantizedWeight)
+  assert not isinstance(r.params["params"]["lm_head"]["kernel"], QuantizedWeight)
+  np.testing.assert_allclose(np.asarray(r.logits(X)), np.asarray(q.logits(X)), atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_greedy_identity_with_a_quantized_target(dense, fmt):
+  q = quantize_model(dense, fmt)
+  prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 4]]
+  base = specdec.generate(q, prompts, max_new_tokens=20).tokens
+  assert specdec.generate(q, prompts, max_new_tokens=20, drafter=ngram(), k=4).tokens == base
+
+
+def test_bad_scale_tensor_is_named(dense, tmp_path):
+  specdec.save(str(tmp_path), quantize_model(dense, "nvfp4"), layout="compressed-tensors")
+  file = tmp_path / "model.safetensors"
+  t = dict(read_tensors(str(file)))
+  name = "model.layers.0.mlp.up_proj.weight_scale"
+  t[name] = t[name][:, :-1]
+  write_tensors(str(file), t)
+  with pytest.raises(specdec.CheckpointError, match=name):
+    specdec.load(str(tmp_path))
