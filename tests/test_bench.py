@@ -1,0 +1,13 @@
+"""The step microbenchmark runs and reports every part (timings themselves are not asserted)."""
+
+from specdec import bench
+from specdec.drafters import ngram
+from tests.helpers import tiny_model
+
+
+def test_time_step_reports_each_part():
+  t = bench.time_step(
+    tiny_model(), ngram(), bench.Shape(batch=2, k=3, prompt_tokens=20, n_steps=4, reps=2)
+  )
+  assert set(t) == {"step", "draft", "verify", "loop", "accept_commit"}
+  assert all(t[key] > 0 for key in ("step", "draft", "verify", "loop"))
