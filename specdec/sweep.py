@@ -29,7 +29,7 @@ from specdec.quant.apply import quantize_model
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # "bf16" is the target as loaded (in config.dtype); the others quantize its linear layers.
-TARGET_FORMATS = ("bf16", "nvfp4", "fp8")
+TARGET_FORMATS = ("bf16", "nvfp4", "fp8", "exl3_3", "exl3_4")
 KV_DTYPES = ("model", "float32", "bfloat16")
 
 

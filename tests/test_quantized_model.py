@@ -61,3 +61,38 @@ def test_bad_scale_tensor_is_named(dense, tmp_path):
   write_tensors(str(file), t)
   with pytest.raises(specdec.CheckpointError, match=name):
     specdec.load(str(tmp_path))
+
+
+def _random_exl3(model, bits=4, seed=0):
+  """EXL3 kernels with random trellis codes: cheap (no Viterbi) and enough to test integration."""
+  from flax.traverse_util import flatten_dict, unflatten_dict
+
+  from specdec.quant import exl3
+
+  rng = np.random.default_rng(seed)
+  flat = flatten_dict(model.params["params"])
+  for key, w in flat.items():
+    if key[-1] == "kernel" and key[0] != "lm_head":
+      i, o = w.shape
+      ip, op = -(-i // 128) * 128, -(-o // 128) * 128
+      trellis = rng.integers(-(2**15), 2**15, (ip // 16, op // 16, 16 * bits), dtype=np.int16)
+      sign = lambda n: (rng.choice([-1.0, 1.0], n) * 0.15).astype(np.float16)
+      flat[key] = exl3.EXL3Weight(
+        jnp.asarray(trellis), jnp.asarray(sign(ip)), jnp.asarray(sign(op)), None,
+        exl3.Codebook.MUL1, i, o,
+      )  # fmt: skip
+  return specdec.Model(model.config, {"params": unflatten_dict(flat)}, None, model.dtype)
+
+
+def test_exl3_target_loads_runs_and_matches_its_twin(dense, tmp_path):
+  q = _random_exl3(dense)
+  a, b = np.asarray(q.logits(X)), np.asarray(dequantized_twin(q).logits(X))
+  assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+  specdec.save(str(tmp_path), q)
+  with open(tmp_path / "config.json") as f:
+    assert json.load(f)["quantization_config"]["quant_method"] == "exl3"
+  r = specdec.load(str(tmp_path), dtype=jnp.float32)
+  np.testing.assert_array_equal(np.asarray(r.logits(X)), a)
+  prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 4]]
+  base = specdec.generate(r, prompts, max_new_tokens=16).tokens
+  assert specdec.generate(r, prompts, max_new_tokens=16, drafter=ngram(), k=3).tokens == base

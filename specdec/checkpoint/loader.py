@@ -68,10 +68,24 @@ def load_tokenizer(path: str, vocab_size: int):
   return tok
 
 
-def read_quant_scheme(path: str, raw_config: dict):
-  """The checkpoint's quantization scheme (ModelOpt or compressed-tensors), or None."""
-  from specdec.quant import layouts
+def linear_reader(path: str, raw_config: dict):
+  """For a quantized checkpoint, `read(module, get, has, shape) -> weight`; else None.
 
+  ModelOpt and compressed-tensors (NVFP4, FP8) go through `specdec.quant.layouts`; exllamav3
+  (EXL3) through `specdec.quant.exl3`. Layers a scheme leaves dense come back as (in, out) arrays.
+  """
+  from specdec.quant import exl3, layouts
+
+  qc = raw_config.get("quantization_config") or {}
+  if qc.get("quant_method") == "exl3":
+    exl3.parse_quantization_config(raw_config)
+
+    def read_exl3(module, get, has, shape):
+      if not has(f"{module}.trellis") and has(f"{module}.weight"):
+        return np.asarray(get(f"{module}.weight")).T  # e.g. an lm_head kept at full precision
+      return exl3.read_linear(module, get, has, in_features=shape[0], out_features=shape[1])
+
+    return read_exl3
   hf_file = os.path.join(path, "hf_quant_config.json")
   hf = None
   if os.path.exists(hf_file):
@@ -80,12 +94,13 @@ def read_quant_scheme(path: str, raw_config: dict):
         hf = json.load(f)
     except json.JSONDecodeError as e:
       raise CheckpointError(f"{hf_file}: not valid JSON ({e})") from e
-  if hf is None and "quantization_config" not in raw_config:
+  if hf is None and not qc:
     return None
-  return layouts.parse_quant_config(raw_config, hf)
+  scheme = layouts.parse_quant_config(raw_config, hf)
+  return lambda module, get, has, shape: layouts.read_linear(scheme, module, get, shape=shape)
 
 
-def read_params(path: str, config: ModelConfig, dtype, scheme=None) -> dict:
+def read_params(path: str, config: ModelConfig, dtype, reader=None) -> dict:
   files = checkpoint_files(path)
   want = expected_shapes(config)
   arrays: dict[str, np.ndarray] = {}
@@ -96,12 +111,12 @@ def read_params(path: str, config: ModelConfig, dtype, scheme=None) -> dict:
     arrays.update(read_tensors(file, tensor_names))
   found: dict = {}
   consumed: set[str] = set()
-  if scheme is not None:
-    found, consumed = _read_quantized_linears(arrays, files, want, scheme)
+  if reader is not None:
+    found, consumed = _read_quantized_linears(arrays, files, want, reader)
   for name, array in arrays.items():
     if name in consumed or names.is_ignored(name):
       continue
-    if scheme is not None and name.endswith(ACTIVATION_SCALES):
+    if reader is not None and name.endswith(ACTIVATION_SCALES):
       continue  # weight-only execution (W4A16 / W8A16) reads no activation scales
     file = files[name]
     mapped = names.to_path(name)
@@ -139,10 +154,9 @@ def read_params(path: str, config: ModelConfig, dtype, scheme=None) -> dict:
   return unflatten_dict({tuple(k.split("/")): to_device(v) for k, v in found.items()})
 
 
-def _read_quantized_linears(arrays, files, want, scheme):
-  """Every Linear kernel through the quantization layouts (dense where the scheme says so)."""
+def _read_quantized_linears(arrays, files, want, reader):
+  """Every Linear kernel through the quantization reader (dense where the scheme says so)."""
   from specdec.quant.errors import QuantFormatError
-  from specdec.quant.layouts import read_linear
 
   found, consumed = {}, set()
 
@@ -154,16 +168,18 @@ def _read_quantized_linears(arrays, files, want, scheme):
     if not path.endswith("/kernel"):
       continue
     module = names.module_of(path)
+    file = next((files[n] for n in files if n.startswith(module + ".")), "checkpoint")
     try:
-      w = read_linear(scheme, module, get, shape=shape)
+      w = reader(module, get, lambda name: name in arrays, shape)
     except QuantFormatError as e:
-      file = files.get(f"{module}.weight") or files.get(f"{module}.weight_packed") or "checkpoint"
       raise CheckpointError(f"{file}: {e}") from e
     except KeyError as e:
+      raise CheckpointError(f"{file}: missing tensor {e}") from e
+    if tuple(w.shape) != tuple(shape):
       raise CheckpointError(
-        f"{os.path.dirname(next(iter(files.values())))}: missing tensor {e}"
-      ) from e
-    found[path] = w if not isinstance(w, np.ndarray) else np.asarray(w)
+        f"{file}: {module} has shape {tuple(w.shape)}, expected {tuple(shape)} (in, out)"
+      )
+    found[path] = w
   return found, consumed
 
 
@@ -182,8 +198,8 @@ def load(path: str, dtype=jnp.bfloat16):
   except ConfigError as e:
     raise CheckpointError(str(e)) from e
   with open(os.path.join(path, "config.json")) as f:
-    scheme = read_quant_scheme(path, json.load(f))
-  params = read_params(path, config, dtype, scheme)
+    reader = linear_reader(path, json.load(f))
+  params = read_params(path, config, dtype, reader)
   tokenizer = load_tokenizer(path, config.vocab_size)
   config = config.replace(eos_token_ids=_eos_ids(path, config))
   return Model(config=config, params={"params": params}, tokenizer=tokenizer, dtype=dtype)
@@ -195,25 +211,33 @@ def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
   Quantized kernels (NVFP4 / FP8 weights) are written in `layout` ("modelopt" or
   "compressed-tensors") with the matching quantization config; dense ones as plain weights.
   """
-  from specdec.quant import layouts
+  from specdec.quant import exl3, layouts
   from specdec.quant.matmul import QuantizedWeight
+  from specdec.quant.nvfp4 import NVFP4Weight
 
   os.makedirs(path, exist_ok=True)
   flat = {"/".join(k): v for k, v in flatten_dict(model.params["params"]).items()}
-  formats = {}
+  formats, exl3_bits = {}, []
   for key, value in flat.items():
-    if isinstance(value, QuantizedWeight):
-      kind = "nvfp4" if type(value).__name__ == "NVFP4Weight" else "fp8"
+    if isinstance(value, exl3.EXL3Weight):
+      exl3_bits.append(value.bits)
+    elif isinstance(value, QuantizedWeight):
+      kind = "nvfp4" if isinstance(value, NVFP4Weight) else "fp8"
       formats[names.module_of(key)] = layouts.LinearFormat(kind, layout)
     elif key.endswith("/kernel"):
       formats[names.module_of(key)] = None
   quant_config = hf_quant = None
-  if any(formats.values()):
+  if exl3_bits:
+    quant_config = exl3.quantization_config(exl3.EXL3Config(bits=float(np.mean(exl3_bits))))
+  elif any(formats.values()):
     quant_config, hf_quant = layouts.write_quant_config(layout, formats)
     scheme = layouts.parse_quant_config({"quantization_config": quant_config}, hf_quant)
   tensors = {}
   for key, value in flat.items():
-    if key in flat and isinstance(value, QuantizedWeight):
+    if isinstance(value, exl3.EXL3Weight):
+      tensors.update(exl3.write_linear(names.module_of(key), value))
+      continue
+    if isinstance(value, QuantizedWeight):
       tensors.update(layouts.write_linear(scheme, names.module_of(key), value))
       continue
     name, transpose = names.to_hf_name(key)

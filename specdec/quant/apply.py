@@ -5,15 +5,15 @@ import dataclasses
 import jax.numpy as jnp
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from specdec.quant import fp8, nvfp4
+from specdec.quant import exl3, fp8, nvfp4
 
-FORMATS = ("nvfp4", "fp8")
+FORMATS = ("nvfp4", "fp8", "exl3_2", "exl3_3", "exl3_4", "exl3_5", "exl3_6", "exl3_8")
 
 
-def quantize_model(model, fmt: str, exclude: tuple[str, ...] = ("lm_head",)):
-  """A copy of `model` whose Linear kernels are NVFP4 or FP8 weights (embeddings, norms and the
-  modules in `exclude` stay dense: the LM head is kept at full precision as published NVFP4
-  checkpoints do)."""
+def quantize_model(model, fmt: str, exclude: tuple[str, ...] = ("lm_head",), seed: int = 0):
+  """A copy of `model` whose Linear kernels are NVFP4, FP8 or EXL3 (`exl3_<K>`: K bits per weight)
+  weights. Embeddings, norms and the modules in `exclude` stay dense: the LM head is kept at full
+  precision as published quantized checkpoints do."""
   if fmt not in FORMATS:
     raise ValueError(f"unknown quantization format {fmt!r}; choose one of {FORMATS}")
   flat = flatten_dict(model.params["params"])
@@ -23,8 +23,11 @@ def quantize_model(model, fmt: str, exclude: tuple[str, ...] = ("lm_head",)):
       out[key] = w
     elif fmt == "nvfp4":
       out[key] = nvfp4.quantize(jnp.asarray(w, jnp.float32))
-    else:
+    elif fmt == "fp8":
       out[key] = fp8.quantize(jnp.asarray(w, jnp.float32))
+    else:
+      bits = int(fmt.split("_")[1])
+      out[key] = exl3.quantize_linear(jnp.asarray(w, jnp.float32), bits, key=seed + len(out))
   return dataclasses.replace(model, params={"params": unflatten_dict(out)})
 
 
