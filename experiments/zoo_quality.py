@@ -1,0 +1,42 @@
+"""Measures the zoo's quality table (docs/zoo.md): perplexity, HumanEval syntax rate, tau.
+
+python -m experiments.zoo_quality --corpus_dir=runs/corpus [--n_humaneval=164]
+"""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+import specdec
+from specdec import zoo_quality
+from specdec.sweep import resolve_path
+
+_CORPUS = flags.DEFINE_string("corpus_dir", None, "build_corpus output with heldout.npy")
+_N = flags.DEFINE_integer("n_humaneval", 164, "HumanEval prompts for the syntax rate")
+_TAU_PROMPTS = flags.DEFINE_integer("tau_prompts", 16, "HumanEval prompts for the tau table")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "model dtype")
+
+
+def main(argv):
+  del argv
+  dtype = jnp.dtype(_DTYPE.value)
+  target = specdec.load(resolve_path("zoo:target"), dtype=dtype)
+  draft = specdec.load(resolve_path("zoo:draft_lm"), dtype=dtype)
+  out = {}
+  if _CORPUS.value:
+    held = np.load(f"{_CORPUS.value}/heldout.npy")
+    out["ppl"] = {
+      "target": zoo_quality.heldout_ppl(target, held),
+      "draft_lm": zoo_quality.heldout_ppl(draft, held),
+    }
+  parse, body = zoo_quality.humaneval_syntax(target, n=_N.value)
+  out["humaneval_parse"], out["humaneval_parse_nonempty"] = parse, body
+  drafters = {"ngram": specdec.drafters.ngram(), "draft_lm": specdec.drafters.draft_lm(draft)}
+  out["tau"] = zoo_quality.tau_table(target, drafters, n_prompts=_TAU_PROMPTS.value)
+  print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,61 @@
+"""Quality figures of a zoo: held-out perplexity, HumanEval syntax rate, tau per drafter.
+
+Everything here is measured, on the same HumanEval prompts, with the commands in docs/zoo.md.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import specdec
+from specdec.data import humaneval_eval, workload
+
+
+def heldout_ppl(model, tokens: np.ndarray, seq_len: int = 512, max_windows: int = 64) -> float:
+  """exp(mean next-token cross-entropy) over non-overlapping windows of the held-out tokens."""
+  n = min(max_windows, (len(tokens) - 1) // seq_len)
+  windows = np.stack([tokens[i * seq_len : (i + 1) * seq_len + 1] for i in range(n)]).astype(
+    np.int32
+  )
+  nll = []
+  for i in range(0, n, 8):
+    w = windows[i : i + 8]
+    logp = jax.nn.log_softmax(model.logits(w[:, :-1]), -1)
+    nll.append(-np.asarray(jnp.take_along_axis(logp, w[:, 1:, None], -1))[..., 0])
+  return float(math.exp(np.concatenate(nll).mean()))
+
+
+def humaneval_syntax(model, max_new_tokens: int = 192, batch: int = 16, n: int | None = None):
+  """(share that ast.parse accepts, share with a non-empty body that parses) of greedy completions.
+
+  An empty completion after the docstring parses too (the docstring is a body), so the second
+  figure, which needs at least one statement beyond the prompt, is the honest one.
+  """
+  prompts = [p.text for p in workload.select(workload.load_humaneval(), n)]
+  completions = []
+  for i in range(0, len(prompts), batch):
+    completions += specdec.generate(
+      model, prompts[i : i + batch], max_new_tokens=max_new_tokens
+    ).texts
+  ok = [humaneval_eval.parses(p, c) for p, c in zip(prompts, completions, strict=True)]
+  body = [humaneval_eval.truncate_completion(c).strip() != "" for c in completions]
+  return sum(ok) / len(ok), sum(o and b for o, b in zip(ok, body, strict=True)) / len(ok)
+
+
+def tau_table(target, drafters: dict, ks=(4, 8), temperatures=(0.0, 0.6), n_prompts=16,
+              max_new_tokens=96, top_p=0.95) -> list[dict]:  # fmt: skip
+  """tau and acceptance rate per (drafter, k, T) on the first n HumanEval prompts."""
+  prompts = [p.text for p in workload.select(workload.load_humaneval(), n_prompts)]
+  rows = []
+  for name, drafter in drafters.items():
+    for k in ks:
+      for t in temperatures:
+        g = specdec.generate(
+          target, prompts, max_new_tokens=max_new_tokens, temperature=t,
+          top_p=top_p if t else 1.0, drafter=drafter, k=k, seed=0,
+        )  # fmt: skip
+        rows.append(dict(drafter=name, k=k, temperature=t, tau=g.stats["tau"],
+                         acceptance_rate=g.stats["acceptance_rate"]))  # fmt: skip
+  return rows
