@@ -11,7 +11,8 @@ from specdec.drafters.base import Drafter
 PAD = 0  # a padded proposal is just an unlikely guess: acceptance stays lossless
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+# Compares by value, so equal drafters share compiled steps across generate calls.
+@dataclasses.dataclass(frozen=True)
 class NGram(Drafter):
   name = "ngram"
   min_n: int = 1

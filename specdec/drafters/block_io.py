@@ -1,0 +1,167 @@
+"""Published DFlash / DFlash2 checkpoints (config.json + safetensors) <-> block drafters.
+
+Tensor names are the published ones (z-lab `DFlashDraftModel`, `DFlash2DraftModel`), no prefix;
+linear weights are stored (out, in) there and (in, out) here:
+
+  fc.weight [D, n_taps * D]                      hidden_norm.weight, norm.weight [D]
+  layers.{i}.input_layernorm.weight              layers.{i}.post_attention_layernorm.weight
+  layers.{i}.self_attn.{q,k,v,o}_proj.weight     layers.{i}.self_attn.{q,k}_norm.weight [H]
+  layers.{i}.mlp.{gate,up,down}_proj.weight
+  DFlash2:
+  layers.{i}.{attention,mlp}_conv.base_kernel [2, taps, D]   (side: before/after; tap 0 = current)
+  layers.{i}.{attention,mlp}_conv.kernel_projection.weight [2 * taps * D / group, D]
+  candidate_selector.hidden_projection.weight [rank, D]
+  candidate_selector.{predecessor,successor}_codebook [V, rank]   (".weight" also accepted)
+
+The embedding and LM head are the target's: `embed_tokens.weight` / `lm_head.weight`, if a file
+carries them, are ignored. Anything else unknown, missing or misshapen is an error naming it.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from specdec.checkpoint.safetensors_io import (
+  CheckpointError,
+  checkpoint_files,
+  read_tensors,
+  write_tensors,
+)
+from specdec.drafters.block import Block, block
+from specdec.drafters.block_config import BlockConfig, load_config, to_hf_dict
+from specdec.drafters.block_model import init_variables
+
+IGNORED = ("embed_tokens.weight", "lm_head.weight")
+UNSUPPORTED = {"d2t": "a reduced draft vocabulary", "t2d": "a reduced draft vocabulary"}
+
+
+def _tensor_names(cfg: BlockConfig) -> dict[str, tuple[str, bool]]:
+  """Every tensor a checkpoint of `cfg` holds: HF name -> (params path, stored transposed)."""
+  names = {
+    "fc.weight": ("fc/kernel", True),
+    "hidden_norm.weight": ("hidden_norm/scale", False),
+    "norm.weight": ("final_norm/scale", False),
+  }
+  for i in range(cfg.layers.num_layers):
+    hf, ours = f"layers.{i}.", f"layer_{i}/"
+    names[hf + "input_layernorm.weight"] = (ours + "attn_norm/scale", False)
+    names[hf + "post_attention_layernorm.weight"] = (ours + "mlp_norm/scale", False)
+    for p in "qkvo":
+      names[hf + f"self_attn.{p}_proj.weight"] = (ours + f"attn/{p}_proj/kernel", True)
+      if cfg.layers.attention_bias:
+        names[hf + f"self_attn.{p}_proj.bias"] = (ours + f"attn/{p}_proj/bias", False)
+    for p in "qk":
+      names[hf + f"self_attn.{p}_norm.weight"] = (ours + f"attn/{p}_norm/scale", False)
+    for p in ("gate", "up", "down"):
+      names[hf + f"mlp.{p}_proj.weight"] = (ours + f"mlp/{p}_proj/kernel", True)
+    if cfg.conv:
+      for side in ("attention", "mlp"):
+        names[hf + f"{side}_conv.base_kernel"] = (ours + f"{side}_conv/base_kernel", False)
+        names[hf + f"{side}_conv.kernel_projection.weight"] = (
+          ours + f"{side}_conv/kernel_projection/kernel",
+          True,
+        )
+  if cfg.selector:
+    names["candidate_selector.hidden_projection.weight"] = (
+      "selector/hidden_projection/kernel",
+      True,
+    )
+    for book in ("predecessor", "successor"):
+      names[f"candidate_selector.{book}_codebook"] = (f"selector/{book}_codebook", False)
+  return names
+
+
+def _expected_shapes(cfg: BlockConfig, target_hidden: int) -> dict[str, tuple[int, ...]]:
+  """params path -> shape, from the module itself (no separate shape table to drift)."""
+  shapes = jax.eval_shape(lambda: init_variables(cfg, jax.random.key(0), np.float32, target_hidden))
+  flat = jax.tree_util.tree_flatten_with_path(shapes["params"])[0]
+  return {"/".join(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
+
+
+def _alias(name: str, present) -> str:
+  """The codebooks ship with or without a `.weight` suffix."""
+  if name.endswith("_codebook") and name not in present and name + ".weight" in present:
+    return name + ".weight"
+  return name
+
+
+def _check_against_target(cfg: BlockConfig, target_config, source: str) -> None:
+  t = target_config
+  if cfg.hidden_size != t.hidden_size:
+    raise ValueError(
+      f"{source}: drafter hidden_size {cfg.hidden_size} (norm.weight, fc.weight rows) differs "
+      f"from the target's {t.hidden_size}; its output goes through the target's LM head"
+    )
+  if cfg.layers.vocab_size != t.vocab_size:
+    raise ValueError(f"{source}: vocab_size {cfg.layers.vocab_size} != target's {t.vocab_size}")
+  bad = [i for i in cfg.target_layer_ids if not 0 <= i < t.num_layers]
+  if bad:
+    raise ValueError(f"{source}: target_layer_ids {bad} outside the target's {t.num_layers} layers")
+
+
+def _set(tree: dict, path: str, value) -> None:
+  *heads, leaf = path.split("/")
+  for h in heads:
+    tree = tree.setdefault(h, {})
+  tree[leaf] = value
+
+
+def load_block(path: str, target, *, dtype=None, sliding_window: int | None = None) -> Block:
+  """A block drafter for `target` from a DFlash / DFlash2 checkpoint directory.
+
+  dtype: of the draft weights (default: the target's). sliding_window overrides the config's.
+  """
+  cfg = load_config(path)
+  source = os.path.join(path, "config.json")
+  _check_against_target(cfg, target.config, source)
+  files = checkpoint_files(path)
+  names = _tensor_names(cfg)
+  shapes = _expected_shapes(cfg, target.config.hidden_size)
+  known = {_alias(n, files) for n in names}
+  for name, file in sorted(files.items()):
+    if name in known or name in IGNORED or name.endswith("rotary_emb.inv_freq"):
+      continue
+    why = UNSUPPORTED.get(name, "no block-drafter parameter has that name")
+    raise CheckpointError(f"{file}: unexpected tensor {name!r} ({why})")
+  params: dict = {}
+  for name, (ours, transpose) in names.items():
+    stored = _alias(name, files)
+    if stored not in files:
+      kind = "DFlash2" if cfg.conv or cfg.selector else "DFlash"
+      raise CheckpointError(f"{path}: missing tensor {name!r} (a {kind} checkpoint needs it)")
+    raw = read_tensors(files[stored], [stored])[stored]
+    want = shapes[ours][::-1] if transpose else shapes[ours]
+    if raw.shape != want:
+      hint = ""
+      if name == "fc.weight":
+        n, d = len(cfg.target_layer_ids), target.config.hidden_size
+        hint = f" ({n} taps x target hidden {d} = {n * d} inputs per config target_layer_ids)"
+      raise CheckpointError(
+        f"{files[stored]}: tensor {stored!r} has shape {raw.shape}, expected {want}{hint}"
+      )
+    a = raw.T if transpose else raw
+    _set(params, ours, np.asarray(a, dtype or target.dtype))
+  return block(target, {"params": params}, cfg, sliding_window=sliding_window)
+
+
+def save_block(path: str, cfg: BlockConfig, draft_params, dtype=None) -> None:
+  """Writes `cfg` and `draft_params` ({"params": ...}) in the published layout."""
+  os.makedirs(path, exist_ok=True)
+  flat = dict(
+    ("/".join(k.key for k in p), leaf)
+    for p, leaf in jax.tree_util.tree_flatten_with_path(draft_params["params"])[0]
+  )
+  tensors = {}
+  for name, (ours, transpose) in _tensor_names(cfg).items():
+    if ours not in flat:
+      raise ValueError(f"save_block: params have no {ours!r} (for tensor {name!r})")
+    a = np.asarray(flat.pop(ours))
+    a = a.T if transpose else a
+    tensors[name] = np.ascontiguousarray(a.astype(dtype) if dtype is not None else a)
+  if flat:
+    raise ValueError(f"save_block: params {sorted(flat)} have no tensor name in this layout")
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(to_hf_dict(cfg), f, indent=2)
+  write_tensors(os.path.join(path, "model.safetensors"), tensors)

@@ -1,0 +1,295 @@
+"""The block drafter's network (DFlash, DFlash2) as Flax modules, for inference and training alike.
+
+Shapes: B batch, R query rows (one or more blocks of b rows laid out contiguously), S context slots,
+E extra key rows, D model, N/K/G/H heads as in `specdec.models.transformer`, X fused-tap width.
+
+Context: the target's hidden states after `target_layer_ids`, concatenated [.., n_taps * D], become
+`hidden_norm(fc(taps))`; every draft layer projects that one feature into its own K/V
+(k_norm + RoPE at the context position). The layer's queries come only from block rows. A row at
+absolute position q of a block anchored at a sees:
+  context slot s   iff s < a                  (causal to the context: only committed positions)
+  block row at p   iff same block             (bidirectional inside the block)
+  extra key at p   always                     (earlier chained blocks, see `block.py`)
+and, in a layer with a sliding window w, only keys with |q - p| < w (the per-query distance rule
+of the DFlash2 reference; it bounds what the drafter reads, not the cache size).
+
+DFlash2 adds a two-sided dynamic grouped causal conv around each sublayer (`DynamicConv`) and the
+low-rank candidate selector (`Selector`), both documented where defined.
+"""
+
+import functools
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from specdec.drafters.block_config import BlockConfig
+from specdec.models.rope import apply_rope, inv_freq_and_scale
+from specdec.models.transformer import MLP, Linear, RMSNorm
+
+
+class Rows(NamedTuple):
+  """Where each query row sits: absolute position, its block's anchor position, block id, and the
+  row's offset inside its block (0 = the anchor)."""
+
+  pos_BR: jax.Array
+  anchor_BR: jax.Array
+  block_BR: jax.Array
+  offset_BR: jax.Array
+
+
+class Extra(NamedTuple):
+  """Additional keys per layer with their absolute positions (visible to every row)."""
+
+  k: tuple[jax.Array, ...]  # per layer [B, E, K, H]
+  v: tuple[jax.Array, ...]
+  pos_BE: jax.Array
+
+
+def _in_window(dist, window):
+  return jnp.ones(dist.shape, bool) if window is None else jnp.abs(dist) < window
+
+
+def _attend(q_BRNH, groups):
+  """One softmax over several key groups, each (k_BXKH, v_BXKH, visible_BRX): the context cache
+  is read in place instead of being concatenated with the block's keys."""
+  B, R, N, H = q_BRNH.shape
+  K = groups[0][0].shape[2]
+  q_BRKGH = q_BRNH.reshape(B, R, K, N // K, H)
+  scores = []
+  for k_BXKH, _, vis_BRX in groups:
+    s = jnp.einsum("BRKGH,BXKH->BRKGX", q_BRKGH, k_BXKH, preferred_element_type=jnp.float32)
+    scores.append(jnp.where(vis_BRX[:, :, None, None, :], s * (H**-0.5), -1e30))
+  p_BRKGX = jax.nn.softmax(jnp.concatenate(scores, -1), axis=-1)
+  out, at = 0.0, 0
+  for k_BXKH, v_BXKH, _ in groups:
+    n = k_BXKH.shape[1]
+    p = p_BRKGX[..., at : at + n].astype(v_BXKH.dtype)
+    out = out + jnp.einsum("BRKGX,BXKH->BRKGH", p, v_BXKH, preferred_element_type=jnp.float32)
+    at += n
+  return out.reshape(B, R, N, H).astype(q_BRNH.dtype)
+
+
+class DraftAttention(nn.Module):
+  cfg: BlockConfig
+  window: int | None
+
+  def setup(self):
+    c = self.cfg.layers
+    N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
+    self.q_proj = Linear(N * H, c.attention_bias)
+    self.k_proj = Linear(K * H, c.attention_bias)
+    self.v_proj = Linear(K * H, c.attention_bias)
+    self.o_proj = Linear(c.hidden_size, c.attention_bias)
+    self.q_norm = RMSNorm(c.rms_norm_eps)
+    self.k_norm = RMSNorm(c.rms_norm_eps)
+
+  def _rope(self, x_BTNH, pos_BT):
+    inv_freq, scale = inv_freq_and_scale(self.cfg.layers)
+    return apply_rope(x_BTNH, pos_BT, inv_freq, scale)
+
+  def kv(self, x_BTD, pos_BT):
+    """K/V of context features or block rows: k_norm(k_proj(x)) rotated at `pos`, v_proj(x)."""
+    c = self.cfg.layers
+    B, T, _ = x_BTD.shape
+    k_BTKH = self.k_norm(self.k_proj(x_BTD).reshape(B, T, c.num_kv_heads, c.head_dim))
+    v_BTKH = self.v_proj(x_BTD).reshape(B, T, c.num_kv_heads, c.head_dim)
+    return self._rope(k_BTKH, pos_BT), v_BTKH
+
+  def __call__(self, x_BRD, rows: Rows, ctx_k_BSKH, ctx_v_BSKH, extra_kv):
+    c = self.cfg.layers
+    B, R, _ = x_BRD.shape
+    q_BRNH = self.q_norm(self.q_proj(x_BRD).reshape(B, R, c.num_heads, c.head_dim))
+    q_BRNH = self._rope(q_BRNH, rows.pos_BR)
+    k_BRKH, v_BRKH = self.kv(x_BRD, rows.pos_BR)
+    w = self.window
+    slots_S = jnp.arange(ctx_k_BSKH.shape[1])
+    ctx_vis_BRS = (slots_S[None, None, :] < rows.anchor_BR[:, :, None]) & _in_window(
+      rows.pos_BR[:, :, None] - slots_S[None, None, :], w
+    )
+    own_vis_BRR = (rows.block_BR[:, :, None] == rows.block_BR[:, None, :]) & _in_window(
+      rows.pos_BR[:, :, None] - rows.pos_BR[:, None, :], w
+    )
+    groups = [(ctx_k_BSKH, ctx_v_BSKH, ctx_vis_BRS), (k_BRKH, v_BRKH, own_vis_BRR)]
+    if extra_kv is not None:
+      ek_BEKH, ev_BEKH, pos_BE = extra_kv
+      groups.append((ek_BEKH, ev_BEKH, _in_window(rows.pos_BR[:, :, None] - pos_BE[:, None], w)))
+    o_BRNH = _attend(q_BRNH, groups)
+    return self.o_proj(o_BRNH.reshape(B, R, -1)), k_BRKH, v_BRKH
+
+
+def grouped_conv(x_BRD, delta_BRTG, base_TD, offset_BR):
+  """out_t = sum_j (base[j] + delta_t[j]) * x_{t-j}, taps j = 0 (current row), 1, ...; a tap that
+  would read before the row's block start reads zero (taps never cross a block boundary)."""
+  B, R, D = x_BRD.shape
+  T, G = delta_BRTG.shape[2], delta_BRTG.shape[3]
+  x_BRGC = x_BRD.reshape(B, R, G, D // G)
+  coef_BRTGC = base_TD.reshape(T, G, D // G).astype(x_BRD.dtype) + delta_BRTG[..., None]
+  out_BRGC = coef_BRTGC[:, :, 0] * x_BRGC
+  for j in range(1, T):
+    shifted_BRGC = jnp.pad(x_BRGC[:, :-j], ((0, 0), (j, 0), (0, 0), (0, 0)))
+    keep_BR11 = (offset_BR >= j)[:, :, None, None]
+    out_BRGC = out_BRGC + jnp.where(keep_BR11, coef_BRTGC[:, :, j] * shifted_BRGC, 0)
+  return out_BRGC.reshape(B, R, D)
+
+
+class DynamicConv(nn.Module):
+  """DFlash2's conv around one sublayer. `kernel_projection` maps the sublayer's (normed) input to
+  per-row, per-group coefficient corrections for both sides at once ([2, taps, groups] per row);
+  `base_kernel` [2, taps, D] is the learned base (side 0 before the sublayer, side 1 after).
+  Returns the convolved input and what `grouped_conv` needs to convolve the sublayer output.
+
+  Initialised as the identity (base tap 0 = 1, everything else 0), so training starts at DFlash.
+  """
+
+  taps: int
+  group_size: int
+
+  @nn.compact
+  def __call__(self, x_BRD, offset_BR):
+    B, R, D = x_BRD.shape
+    T, G = self.taps, D // self.group_size
+
+    def identity(key, shape, dtype=jnp.float32):
+      return jnp.zeros(shape, dtype).at[:, 0].set(1)
+
+    base_2TD = self.param("base_kernel", identity, (2, T, D))
+    delta_BR2TG = Linear(2 * T * G, name="kernel_projection")(x_BRD).reshape(B, R, 2, T, G)
+    y_BRD = grouped_conv(x_BRD, delta_BR2TG[:, :, 0], base_2TD[0], offset_BR)
+    return y_BRD, (delta_BR2TG[:, :, 1], base_2TD[1])
+
+
+class DraftLayer(nn.Module):
+  cfg: BlockConfig
+  window: int | None
+
+  def setup(self):
+    c = self.cfg.layers
+    self.attn_norm = RMSNorm(c.rms_norm_eps)
+    self.attn = DraftAttention(self.cfg, self.window)
+    self.mlp_norm = RMSNorm(c.rms_norm_eps)
+    self.mlp = MLP(c)
+    if self.cfg.conv:
+      self.attention_conv = DynamicConv(self.cfg.conv_kernel_size, self.cfg.conv_group_size)
+      self.mlp_conv = DynamicConv(self.cfg.conv_kernel_size, self.cfg.conv_group_size)
+
+  def context_kv(self, ctx_BTD, pos_BT):
+    return self.attn.kv(ctx_BTD, pos_BT)
+
+  def __call__(self, x_BRD, rows: Rows, ctx_k, ctx_v, extra_kv):
+    conv, off_BR = self.cfg.conv, rows.offset_BR
+    h_BRD = self.attn_norm(x_BRD)
+    if conv:
+      h_BRD, (delta, base) = self.attention_conv(h_BRD, off_BR)
+    a_BRD, k_BRKH, v_BRKH = self.attn(h_BRD, rows, ctx_k, ctx_v, extra_kv)
+    if conv:
+      a_BRD = grouped_conv(a_BRD, delta, base, off_BR)
+    x_BRD = x_BRD + a_BRD
+    h_BRD = self.mlp_norm(x_BRD)
+    if conv:
+      h_BRD, (delta, base) = self.mlp_conv(h_BRD, off_BR)
+    m_BRD = self.mlp(h_BRD)
+    if conv:
+      m_BRD = grouped_conv(m_BRD, delta, base, off_BR)
+    return x_BRD + m_BRD, k_BRKH, v_BRKH
+
+
+class Selector(nn.Module):
+  """DFlash2's pairwise candidate selector: S_t(a, b) = U_t(b) + <A(a) * H(h_t), B(b)>, with A the
+  predecessor codebook, B the successor codebook [V, rank] and H a rank-wide projection of the
+  draft's final hidden state. This module returns the bilinear term; U is the draft's own logit."""
+
+  vocab: int
+  rank: int
+
+  @nn.compact
+  def __call__(self, h_BPD, pred_BPp, cand_BPc):
+    init = nn.initializers.normal(1.0)
+    a_VR = self.param("predecessor_codebook", init, (self.vocab, self.rank))
+    b_VR = self.param("successor_codebook", init, (self.vocab, self.rank))
+    proj_BPR = Linear(self.rank, name="hidden_projection")(h_BPD).astype(jnp.float32)
+    a_BPpR = a_VR[pred_BPp].astype(jnp.float32)
+    b_BPcR = b_VR[cand_BPc].astype(jnp.float32)
+    return jnp.einsum("BPpR,BPR,BPcR->BPpc", a_BPpR, proj_BPR, b_BPcR)
+
+
+class BlockDraft(nn.Module):
+  cfg: BlockConfig
+
+  def setup(self):
+    c = self.cfg.layers
+    self.fc = Linear(c.hidden_size)
+    self.hidden_norm = RMSNorm(c.rms_norm_eps)
+    self.layers = [
+      DraftLayer(self.cfg, self.cfg.window(i), name=f"layer_{i}") for i in range(c.num_layers)
+    ]
+    self.final_norm = RMSNorm(c.rms_norm_eps)
+    if self.cfg.selector:
+      self.selector = Selector(c.vocab_size, self.cfg.selector_rank)
+
+  def context(self, taps_BTX, pos_BT):
+    """Fused taps [B, T, n_taps * D] -> per-layer context (k [B, T, K, H], v) at `pos`."""
+    ctx_BTD = self.hidden_norm(self.fc(taps_BTX))
+    kvs = [layer.context_kv(ctx_BTD, pos_BT) for layer in self.layers]
+    return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
+
+  def __call__(self, x_BRD, rows: Rows, ctx_k, ctx_v, extra: Extra | None = None):
+    """Block rows' input embeddings -> (final-norm hidden [B, R, D], per-layer row K/V)."""
+    ks, vs = [], []
+    for i, layer in enumerate(self.layers):
+      e = None if extra is None else (extra.k[i], extra.v[i], extra.pos_BE)
+      x_BRD, k_BRKH, v_BRKH = layer(x_BRD, rows, ctx_k[i], ctx_v[i], e)
+      ks.append(k_BRKH)
+      vs.append(v_BRKH)
+    return self.final_norm(x_BRD), (tuple(ks), tuple(vs))
+
+  def select(self, h_BPD, pred_BPp, cand_BPc):
+    return self.selector(h_BPD, pred_BPp, cand_BPc)
+
+  def init_all(self, taps_BTX, x_BRD, rows: Rows):
+    """Touches every parameter (for `init`)."""
+    T = taps_BTX.shape[1]
+    pos_BT = jnp.broadcast_to(jnp.arange(T), taps_BTX.shape[:2])
+    ks, vs = self.context(taps_BTX, pos_BT)
+    h_BRD, _ = self(x_BRD, rows, ks, vs)
+    if self.cfg.selector:
+      tok_BR1 = jnp.zeros(h_BRD.shape[:2] + (1,), jnp.int32)
+      self.select(h_BRD, tok_BR1, tok_BR1)
+    return h_BRD
+
+
+def single_block_rows(start_B, b: int) -> Rows:
+  """Rows of one block per sequence anchored at `start`: positions start .. start+b-1."""
+  B = start_B.shape[0]
+  offset_Bb = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32), (B, b))
+  anchor_Bb = jnp.broadcast_to(start_B[:, None], (B, b))
+  return Rows(anchor_Bb + offset_Bb, anchor_Bb, jnp.zeros_like(offset_Bb), offset_Bb)
+
+
+def init_variables(cfg: BlockConfig, key, dtype=jnp.float32, target_hidden: int | None = None):
+  """Random draft variables {"params": ...}; the conv starts as the identity (see DynamicConv)."""
+  # Only what shapes the parameters keys the compile (windows, tap ids, mask id do not).
+  shape_only = cfg.replace(
+    target_layer_ids=tuple(range(len(cfg.target_layer_ids))),
+    block_size=2,
+    mask_token_id=0,
+    windows=(),
+    num_target_layers=None,
+  )
+  return _init_variables(shape_only, key, jnp.dtype(dtype), target_hidden or cfg.hidden_size)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+def _init_variables(cfg: BlockConfig, key, dtype, target_hidden: int):
+  D, b = cfg.hidden_size, cfg.block_size
+  taps = jnp.zeros((1, b, len(cfg.target_layer_ids) * target_hidden), dtype)
+  rows = single_block_rows(jnp.full((1,), b, jnp.int32), b)
+  variables = BlockDraft(cfg).init(key, taps, jnp.zeros((1, b, D), dtype), rows, method="init_all")
+
+  def zero_projection(path, p):
+    names = [getattr(k, "key", "") for k in path]
+    return jnp.zeros_like(p) if "kernel_projection" in names else p
+
+  variables = jax.tree_util.tree_map_with_path(zero_projection, variables)
+  return jax.tree.map(lambda p: p.astype(dtype), variables)
