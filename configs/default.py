@@ -7,7 +7,8 @@ import ml_collections
 def get_config():
   c = ml_collections.ConfigDict()
   c.target = "zoo:target"
-  c.draft_lm = "zoo:draft_lm"
+  # Checkpointed drafters by method name (kind + suffix); `methods` picks which run.
+  c.checkpoints = ml_collections.ConfigDict({"draft_lm": "zoo:draft_lm"})
   c.dtype = "float32"  # CPU default; bfloat16 on GPU
   c.workload = "humaneval"
   c.n_prompts = 4  # request 0 of each leg is warm-up

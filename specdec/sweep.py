@@ -21,6 +21,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
+import specdec
 from specdec import metrics, results
 from specdec.data import workload as workload_lib
 from specdec.decoding.generate import generate, prompt_bucket
@@ -106,7 +107,7 @@ def validate(cfg, cells: list[Cell], max_positions: int, longest_prompt: int) ->
     raise SweepError(f"config.legs={cfg.legs}: arms need >= 2 interleaved legs")
   if cfg.n_prompts < 2:
     raise SweepError(f"config.n_prompts={cfg.n_prompts}: request 0 is warm-up, need >= 2")
-  known = ("null", "ngram", "draft_lm")
+  known = ("null", "ngram", *cfg.checkpoints.keys())
   for m in cfg.methods:
     if m not in known:
       raise SweepError(f"config.methods: unknown method {m!r}; available: {', '.join(known)}")
@@ -131,6 +132,33 @@ def validate(cfg, cells: list[Cell], max_positions: int, longest_prompt: int) ->
       raise SweepError(f"cell {c}: greedy acceptance needs temperature 0")
 
 
+def method_kind(method: str) -> str:
+  """Checkpointed methods are named by kind plus a suffix: block8, block16, draft_lm, mtp, ..."""
+  for kind in ("block", "draft_lm", "mtp", "eagle3"):
+    if method.startswith(kind):
+      return kind
+  return method
+
+
+def load_drafter(method: str, spec: str, target, dtype):
+  """The drafter of a checkpointed method, its checkpoint checked against the target."""
+  from specdec.checkpoint.safetensors_io import CheckpointError
+  from specdec.drafters import load_block
+
+  path = resolve_path(spec)
+  if not os.path.isdir(path):
+    raise SweepError(f"config.checkpoints.{method}: {spec!r} is not a checkpoint directory")
+  kind = method_kind(method)
+  try:
+    if kind == "draft_lm":
+      return draft_lm(specdec.load(path, dtype=dtype))
+    if kind == "block":
+      return load_block(path, target)
+  except (CheckpointError, ValueError) as e:
+    raise SweepError(f"config.checkpoints.{method}: {e}") from e
+  raise SweepError(f"config.checkpoints.{method}: no loader for method kind {kind!r}")
+
+
 def output_sha(tokens: list[list[int]]) -> str:
   return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
 
@@ -138,12 +166,10 @@ def output_sha(tokens: list[list[int]]) -> str:
 class Runner:
   """Holds the loaded models and prompts of one sweep; runs (cell, leg) units."""
 
-  def __init__(self, cfg, target, drafter_models: dict):
+  def __init__(self, cfg, target, drafters: dict):
     self.cfg, self.target = cfg, target
     self._targets = {"bf16": target}
-    self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n)}
-    if "draft_lm" in drafter_models:
-      self.drafters["draft_lm"] = draft_lm(drafter_models["draft_lm"])
+    self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n), **drafters}
     prompts = workload_lib.select(workload_lib.load_workload(cfg.workload), cfg.n_prompts)
     self.texts = prompts
     self._ids: dict = {}
@@ -201,7 +227,7 @@ class Runner:
       "seed": seed,
       "leg": leg,
       "target": self.cfg.target,
-      "drafter": self.cfg.draft_lm if cell.method == "draft_lm" else cell.method,
+      "drafter": self.cfg.checkpoints.get(cell.method, cell.method),
       "max_new_tokens": self.cfg.max_new_tokens,
       "n_prompts": len(ids),
       **results.environment_fields(),

@@ -21,10 +21,13 @@ def run(cfg, out_dir: str, progress: bool = True) -> str:
   target = specdec.load(sweep.resolve_path(cfg.target), dtype=dtype)
   if target.tokenizer is None:
     raise SweepError(f"config.target={cfg.target!r} has no tokenizer.json to encode prompts")
-  models = {}
-  if "draft_lm" in cfg.methods:
-    models["draft_lm"] = specdec.load(sweep.resolve_path(cfg.draft_lm), dtype=dtype)
-  runner = sweep.Runner(cfg, target, models)
+  drafters = {}
+  for m in cfg.methods:
+    if m not in ("null", "ngram"):
+      if m not in cfg.checkpoints:
+        raise SweepError(f"config.methods: {m!r} has no entry in config.checkpoints")
+      drafters[m] = sweep.load_drafter(m, cfg.checkpoints[m], target, dtype)
+  runner = sweep.Runner(cfg, target, drafters)
   longest = max(len(p) for p in runner.prompt_ids(0, 0))
   sweep.validate(cfg, cells, target.config.max_position_embeddings, longest)
   results.write_config(out, cfg.to_dict())

@@ -17,9 +17,9 @@ from tests.helpers import GOLDEN
 TARGET = os.path.join(GOLDEN, "qwen3_gqa")
 FLAGS = [
   f"--config.target={TARGET}",
-  f"--config.draft_lm={TARGET}",
+  f"--config.checkpoints.draft_lm={TARGET}",
   "--config.methods=null,ngram",
-  "--config.ks=1",
+  "--config.ks=(1,2,3)",
   "--config.n_prompts=2",
   "--config.max_new_tokens=8",
 ]
@@ -27,7 +27,8 @@ FLAGS = [
 
 def small_config(**kw):
   c = default.get_config()
-  c.update(dict(target=TARGET, draft_lm=TARGET, methods=("null", "ngram"), ks=(1, 3)))
+  c.update(dict(target=TARGET, methods=("null", "ngram"), ks=(1, 3)))
+  c.checkpoints.draft_lm = TARGET
   c.update(dict(n_prompts=2, max_new_tokens=8))
   c.update(kw)
   return c
@@ -67,18 +68,20 @@ def test_killed_sweep_loses_at_most_the_cell_in_flight(tmp_path):
   out = str(tmp_path / "run")
   path = os.path.join(out, "results.jsonl")
   cmd = [sys.executable, "-m", "experiments.sweep", *FLAGS, f"--out={out}", "--noplots"]
-  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  # No persistent compilation cache: every cell compiles, so the kill lands mid-sweep.
+  env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
   deadline = time.time() + 240
   while time.time() < deadline and not (os.path.exists(path) and len(_rows(out)) >= 2):
-    time.sleep(0.2)
+    time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   before = _rows(out)
-  assert 2 <= len(before) < 4, "the sweep should have been killed mid-way"
+  assert 2 <= len(before) < 8, "the sweep should have been killed mid-way"
   subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   after = _rows(out)
   assert after[: len(before)] == before  # finished cells kept, not redone
-  assert len(after) == 4 and len({(r["method"], r["leg"]) for r in after}) == 4
+  assert len(after) == 8 and len({(r["method"], r["k"], r["leg"]) for r in after}) == 8
 
 
 @pytest.mark.parametrize(

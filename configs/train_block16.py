@@ -1,0 +1,10 @@
+"""The zoo's DFlash-style block drafter, b = 16."""
+
+from configs import train_block8
+
+
+def get_config():
+  c = train_block8.get_config()
+  c.drafter.block_size = 16
+  c.eval_k = 15
+  return c
