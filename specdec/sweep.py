@@ -99,6 +99,16 @@ def expand(cfg) -> list[Cell]:
   return list(dict.fromkeys(cells))
 
 
+def check_methods(cfg) -> None:
+  known = ("null", "ngram", *cfg.checkpoints.keys())
+  for m in cfg.methods:
+    if m not in known:
+      raise SweepError(
+        f"config.methods: unknown method {m!r}; available: {', '.join(known)} "
+        "(checkpointed drafters are listed in config.checkpoints)"
+      )
+
+
 def validate(cfg, cells: list[Cell], max_positions: int, longest_prompt: int) -> None:
   for name in ("ks", "prompt_tokens", "temperatures", "batches", "methods"):
     if not len(cfg[name]):
@@ -107,10 +117,7 @@ def validate(cfg, cells: list[Cell], max_positions: int, longest_prompt: int) ->
     raise SweepError(f"config.legs={cfg.legs}: arms need >= 2 interleaved legs")
   if cfg.n_prompts < 2:
     raise SweepError(f"config.n_prompts={cfg.n_prompts}: request 0 is warm-up, need >= 2")
-  known = ("null", "ngram", *cfg.checkpoints.keys())
-  for m in cfg.methods:
-    if m not in known:
-      raise SweepError(f"config.methods: unknown method {m!r}; available: {', '.join(known)}")
+  check_methods(cfg)
   for c in cells:
     if c.target_format not in TARGET_FORMATS:
       raise SweepError(f"config.target_formats: {c.target_format!r} is not available yet")

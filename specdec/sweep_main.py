@@ -21,12 +21,12 @@ def run(cfg, out_dir: str, progress: bool = True) -> str:
   target = specdec.load(sweep.resolve_path(cfg.target), dtype=dtype)
   if target.tokenizer is None:
     raise SweepError(f"config.target={cfg.target!r} has no tokenizer.json to encode prompts")
-  drafters = {}
-  for m in cfg.methods:
-    if m not in ("null", "ngram"):
-      if m not in cfg.checkpoints:
-        raise SweepError(f"config.methods: {m!r} has no entry in config.checkpoints")
-      drafters[m] = sweep.load_drafter(m, cfg.checkpoints[m], target, dtype)
+  sweep.check_methods(cfg)
+  drafters = {
+    m: sweep.load_drafter(m, cfg.checkpoints[m], target, dtype)
+    for m in cfg.methods
+    if m not in ("null", "ngram")
+  }
   runner = sweep.Runner(cfg, target, drafters)
   longest = max(len(p) for p in runner.prompt_ids(0, 0))
   sweep.validate(cfg, cells, target.config.max_position_embeddings, longest)

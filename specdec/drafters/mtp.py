@@ -1,0 +1,260 @@
+"""The target's own multi-token-prediction head as the drafter (Qwen3-Next / Qwen3.5, DeepSeek-V3).
+
+  out = layer(fc(cat[norm_e(emb(t_{i+1})), norm_h(h_i)])),   logits = lm_head(norm(out))
+
+Embedding and LM head are the target's (its arrays, not copies). The concat order is [embedding,
+hidden]: swapped, acceptance drops to ~0. h_i is the target's final-norm hidden for Qwen3.5 and
+the last decoder layer's output for DeepSeek (a flag); the head chains the same kind of state it
+was fed: Qwen returns the post-`mtp.norm` hidden (vLLM qwen3_next_mtp.py), DeepSeek the pre-norm
+residual stream (deepseek_mtp.py). See `heads.py` for pairing, caching and rollback.
+
+Checkpoint layouts (one MTP layer; the decoder layer uses the target family's tensor names):
+  qwen3_next   mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0.*,
+               mtp.norm; norm weights stored zero-centred (its RMSNorm computes x * (1 + w))
+  deepseek_v3  model.layers.{L}.{eh_proj, enorm, hnorm, shared_head.norm, <decoder layer>}, L the
+               target's layer count; its embed_tokens / shared_head.head copies are not read
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import re
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from specdec.checkpoint import names as target_names
+from specdec.checkpoint.safetensors_io import CheckpointError
+from specdec.drafters import heads
+from specdec.models.config import ModelConfig, to_hf_dict
+from specdec.models.transformer import Block, KVCache, Linear, RMSNorm, Transformer
+
+LAYOUTS = ("qwen3_next", "deepseek_v3")
+# Our module names -> the published ones, per layout (the decoder layer goes through the target's
+# name table).
+_RENAMES = {
+  "qwen3_next": {},
+  "deepseek_v3": {
+    "fc": "eh_proj",
+    "pre_fc_norm_embedding": "enorm",
+    "pre_fc_norm_hidden": "hnorm",
+    "norm": "shared_head.norm",
+  },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MTPConfig:
+  layout: str = "qwen3_next"
+  post_norm_hidden: bool = True  # feed the target's final-norm hidden (Qwen3.5) or pre-norm
+  mask_first_embedding: bool = False  # DeepSeek zeroes the embedding of the pair at position 0
+
+  @staticmethod
+  def deepseek_v3() -> "MTPConfig":
+    return MTPConfig(layout="deepseek_v3", post_norm_hidden=False, mask_first_embedding=True)
+
+  def check(self) -> "MTPConfig":
+    if self.layout not in LAYOUTS:
+      raise ValueError(f"mtp: unknown layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
+    return self
+
+
+class MTPHead(nn.Module):
+  config: ModelConfig  # the target's: the MTP layer is one of its decoder layers
+  mask_first_embedding: bool = False
+
+  def setup(self):
+    c = self.config
+    self.pre_fc_norm_embedding = RMSNorm(c.rms_norm_eps)
+    self.pre_fc_norm_hidden = RMSNorm(c.rms_norm_eps)
+    self.fc = Linear(c.hidden_size)
+    self.layer_0 = Block(c)
+    self.norm = RMSNorm(c.rms_norm_eps)
+
+  def __call__(self, emb_BTD, h_BTD, positions_BT, cache: KVCache):
+    """-> (pre-norm output, post-norm output, cache)."""
+    if self.mask_first_embedding:
+      emb_BTD = jnp.where((positions_BT == 0)[..., None], 0, emb_BTD)
+    e_BTD = self.pre_fc_norm_embedding(emb_BTD)
+    h_BTD = self.pre_fc_norm_hidden(h_BTD.astype(emb_BTD.dtype))
+    x_BTD = self.fc(jnp.concatenate([e_BTD, h_BTD], -1))
+    x_BTD, k_BSKH, v_BSKH = self.layer_0(x_BTD, positions_BT, cache.k[0], cache.v[0])
+    return x_BTD, self.norm(x_BTD), KVCache(k=(k_BSKH,), v=(v_BSKH,))
+
+  def final_norm(self, x_BTD):
+    return self.norm(x_BTD)
+
+
+@dataclasses.dataclass(frozen=True)
+class MTP(heads.ChainedHead):
+  name = "mtp"
+  spec: MTPConfig = MTPConfig()
+  # weights: {"head": MTPHead variables, "target": {"params": {embed[, lm_head]}}}
+  weights: Any = heads.weights_field()
+
+  @staticmethod
+  def build(config: ModelConfig, dtype, spec: MTPConfig, weights=None) -> "MTP":
+    """The drafter for a target of this config; weights may be None where params come as
+    arguments (training)."""
+    return MTP(
+      taps=() if spec.check().post_norm_hidden else (config.num_layers - 1,),
+      head_config=config,
+      dtype=dtype,
+      spec=spec,
+      weights=weights,
+    )
+
+  @property
+  def params(self):
+    return self.weights
+
+  @property
+  def module(self) -> MTPHead:
+    return MTPHead(self.head_config, self.spec.mask_first_embedding)
+
+  @property
+  def target_module(self) -> Transformer:
+    return Transformer(self.head_config, self.dtype)
+
+  def validate(self, target_config, k, slots):
+    mine, theirs = self.head_config, target_config
+    for key in ("hidden_size", "vocab_size", "num_layers"):
+      if getattr(mine, key) != getattr(theirs, key):
+        raise ValueError(
+          f"mtp: built for a target with {key}={getattr(mine, key)}, this target has "
+          f"{getattr(theirs, key)}"
+        )
+
+  def features(self, params, target):
+    return target.hidden if self.spec.post_norm_hidden else target.taps[-1]
+
+  def forward(self, params, h_BTD, tokens_BT, positions_BT, cache):
+    emb_BTD = self.target_module.apply(params["target"], tokens_BT, method="embed_tokens")
+    raw_BTD, normed_BTD, cache = self.module.apply(
+      params["head"], emb_BTD, h_BTD, positions_BT, cache
+    )
+    return (normed_BTD if self.spec.post_norm_hidden else raw_BTD), cache
+
+  def logits(self, params, out_BD):
+    if not self.spec.post_norm_hidden:
+      out_BD = self.module.apply(params["head"], out_BD, method="final_norm")
+    return self.target_module.apply(params["target"], out_BD, method="head")
+
+
+def shared_target_params(target_params) -> dict:
+  """The target's embedding and LM head, by reference: the drafter holds no copy."""
+  p = target_params["params"]
+  return {"params": {k: p[k] for k in ("embed", "lm_head") if k in p}}
+
+
+# Jitted: eager initialisation compiles one random-normal per parameter shape.
+@functools.partial(jax.jit, static_argnames=("config", "spec", "dtype"))
+def init_head(config: ModelConfig, spec: MTPConfig, key, dtype=jnp.float32) -> dict:
+  tok = jnp.zeros((1, 1), jnp.int32)
+  x = jnp.zeros((1, 1, config.hidden_size), dtype)
+  cache = KVCache.zeros(config.replace(num_layers=1), 1, 1, dtype)
+  params = MTPHead(config, spec.mask_first_embedding).init(key, x, x, tok, cache)
+  return jax.tree.map(lambda p: p.astype(dtype), params)
+
+
+def mtp(target, params=None, *, config: MTPConfig = MTPConfig(), seed: int = 0) -> MTP:
+  """An MTP drafter for `target` (a specdec.Model). params: the head's variables (trained, or
+  from `load_mtp`); None initialises a random head (an untrained head: for tests)."""
+  if params is None:
+    params = init_head(target.config, config, jax.random.key(seed), target.dtype)
+  params = jax.tree.map(lambda p: jnp.asarray(p, target.dtype), params)
+  weights = {"head": params, "target": shared_target_params(target.params)}
+  return MTP.build(target.config, target.dtype, config, weights)
+
+
+# --- Checkpoint layout ------------------------------------------------------------------------
+
+
+def tensor_names(config: ModelConfig, layout: str) -> dict[str, tuple[str, bool]]:
+  """params path -> (published tensor name, transpose) for every tensor of the head."""
+  shapes = _shapes(config)
+  prefix = "mtp." if layout == "qwen3_next" else f"model.layers.{config.num_layers}."
+  layer_prefix = "mtp.layers.0." if layout == "qwen3_next" else prefix
+  out = {}
+  for path in shapes:
+    if path.startswith("layer_0/"):
+      name, transpose = target_names.to_hf_name(path)
+      out[path] = (layer_prefix + name.removeprefix("model.layers.0."), transpose)
+    else:
+      name, transpose = heads.hf_style_name(path)
+      module, leaf = name.rsplit(".", 1)
+      out[path] = (prefix + _RENAMES[layout].get(module, module) + "." + leaf, transpose)
+  return out
+
+
+def _shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+  tok = jnp.zeros((1, 1), jnp.int32)
+  x = jnp.zeros((1, 1, config.hidden_size), jnp.float32)
+  cache = KVCache.zeros(config.replace(num_layers=1), 1, 1, jnp.float32)
+  return heads.param_shapes(MTPHead(config), x, x, tok, cache)
+
+
+def _owned(config: ModelConfig, layout: str):
+  if layout == "qwen3_next":
+    return lambda name: name.startswith("mtp.")
+  pattern = re.compile(r"model\.layers\.(\d+)\.")
+
+  def owned(name):
+    m = pattern.match(name)
+    return m is not None and int(m.group(1)) >= config.num_layers
+
+  return owned
+
+
+def _num_mtp_layers(path: str) -> int | None:
+  file = os.path.join(path, "config.json")
+  if not os.path.exists(file):
+    return None
+  with open(file) as f:
+    d = json.load(f)
+  n = d.get("num_nextn_predict_layers", d.get("mtp_num_hidden_layers"))
+  return None if n is None else int(n)
+
+
+def _norms_stored_zero_centred(layout: str) -> bool:
+  return layout == "qwen3_next"
+
+
+def load_mtp(path: str, target, config: MTPConfig = MTPConfig()) -> MTP:
+  """Reads the MTP head from a checkpoint directory (the target's own, or one `save_mtp` wrote)."""
+  config.check()
+  c = target.config
+  n = _num_mtp_layers(path)
+  if n is not None and n != 1:
+    raise CheckpointError(
+      f"{path}/config.json: {n} MTP layers; only checkpoints with one MTP layer are supported"
+    )
+  extras = ()
+  if config.layout == "deepseek_v3":  # DeepSeek stores copies of the shared tensors per layer
+    prefix = f"model.layers.{c.num_layers}."
+    extras = (prefix + "embed_tokens.weight", prefix + "shared_head.head.weight")
+  flat, _ = heads.read_head(
+    path, tensor_names(c, config.layout), _shapes(c), _owned(c, config.layout), extras
+  )
+  if _norms_stored_zero_centred(config.layout):
+    flat = {p: v + 1.0 if p.endswith("/scale") else v for p, v in flat.items()}
+  return mtp(target, heads.as_params(flat, target.dtype), config=config)
+
+
+def save_mtp(path: str, drafter: MTP, dtype=None) -> None:
+  """Writes the head in its published layout (model.safetensors) with a config.json that records
+  the target's config and one MTP layer; `load_mtp(path, target, drafter.spec)` reads it back."""
+  os.makedirs(path, exist_ok=True)
+  layout = drafter.spec.layout
+  flat = heads.flat_params(drafter.weights["head"])
+  if _norms_stored_zero_centred(layout):
+    flat = {p: v - 1.0 if p.endswith("/scale") else v for p, v in flat.items()}
+  names = tensor_names(drafter.head_config, layout)
+  heads.write_head(os.path.join(path, "model.safetensors"), flat, names, dtype=dtype)
+  d = to_hf_dict(drafter.head_config)
+  d.update(num_nextn_predict_layers=1, mtp_num_hidden_layers=1)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(d, f, indent=2)
