@@ -9,7 +9,13 @@ def get_config():
   c.target = "zoo:target"
   # Checkpointed drafters by method name (kind + suffix); `methods` picks which run.
   c.checkpoints = ml_collections.ConfigDict(
-    {"draft_lm": "zoo:draft_lm", "block8": "zoo:block8", "block16": "zoo:block16"}
+    {
+      "draft_lm": "zoo:draft_lm",
+      "mtp": "zoo:mtp",
+      "eagle3": "zoo:eagle3",
+      "block8": "zoo:block8",
+      "block16": "zoo:block16",
+    }
   )
   c.dtype = "float32"  # CPU default; bfloat16 on GPU
   c.workload = "humaneval"
@@ -18,7 +24,7 @@ def get_config():
   c.legs = 2
   c.seed = 0
   # Axes: the sweep runs their product (the no-draft arm always, at k = 0).
-  c.methods = ("null", "ngram", "draft_lm", "block8", "block16")
+  c.methods = ("null", "ngram", "draft_lm", "mtp", "eagle3", "block8", "block16")
   c.ks = (1, 2, 4, 8, 12, 16)
   c.prompt_tokens = (0,)  # 0: prompts as they are; > 0: extended with real text to that length
   c.temperatures = (0.0,)

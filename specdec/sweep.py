@@ -150,7 +150,7 @@ def method_kind(method: str) -> str:
 def load_drafter(method: str, spec: str, target, dtype):
   """The drafter of a checkpointed method, its checkpoint checked against the target."""
   from specdec.checkpoint.safetensors_io import CheckpointError
-  from specdec.drafters import load_block
+  from specdec.drafters import load_block, load_eagle3, load_mtp
 
   path = resolve_path(spec)
   if not os.path.isdir(path):
@@ -161,6 +161,10 @@ def load_drafter(method: str, spec: str, target, dtype):
       return draft_lm(specdec.load(path, dtype=dtype))
     if kind == "block":
       return load_block(path, target)
+    if kind == "mtp":
+      return load_mtp(path, target)
+    if kind == "eagle3":
+      return load_eagle3(path, target)
   except (CheckpointError, ValueError) as e:
     raise SweepError(f"config.checkpoints.{method}: {e}") from e
   raise SweepError(f"config.checkpoints.{method}: no loader for method kind {kind!r}")

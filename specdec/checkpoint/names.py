@@ -26,8 +26,9 @@ NAME_TABLE: tuple[tuple[str, str, bool], ...] = (
   ),
   (r"model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.bias", "layer_{0}/mlp/{1}_proj/bias", False),
 )
-# Present in some checkpoints, carrying nothing we need.
-IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+# Present in some checkpoints, carrying nothing the target needs: rotary buffers, and the MTP head
+# Qwen3-Next / Qwen3.5 checkpoints ship beside the target (specdec.drafters.load_mtp reads it).
+IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"mtp\..+")
 
 _COMPILED = tuple((re.compile(p + r"\Z"), t, tr) for p, t, tr in NAME_TABLE)
 

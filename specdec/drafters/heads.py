@@ -97,6 +97,27 @@ class ChainedHead(Drafter):
     positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     return self.forward(params, h_BTD, next_BT, positions_BT, cache)
 
+  def chained(self, params, out_BTD, cache, tokens_BT, origins_BO, depth):
+    """Drafting replayed from many origins at once on the TRUE tokens (training-time test):
+    origin o starts from the head's output at pair o, and depth s feeds pair o+s (the previous
+    depth's output, token o+s+1) at position o+s, seeing the true pairs <= o and its own chain,
+    exactly as `propose` does. Each origin writes into a private copy of the teacher-forced cache.
+    Returns the outputs of depths 1..depth-1, each [B, O, D]; depth s predicts token o+s+2."""
+    B, T = tokens_BT.shape
+    O = origins_BO.shape[1]
+    b_BO = jnp.broadcast_to(jnp.arange(B)[:, None], (B, O))
+    h_R1D = out_BTD[b_BO, origins_BO].reshape(B * O, 1, -1)
+    cache = jax.tree.map(lambda x: jnp.repeat(x, O, axis=0), cache)
+    outs = []
+    for s in range(1, depth):
+      pos_BO = origins_BO + s
+      tok_BO = tokens_BT[b_BO, jnp.minimum(pos_BO + 1, T - 1)]
+      h_R1D, cache = self.forward(
+        params, h_R1D, tok_BO.reshape(B * O, 1), pos_BO.reshape(B * O, 1), cache
+      )
+      outs.append(h_R1D.reshape(B, O, -1))
+    return outs
+
   def init(self, params, prompt_BT, lengths_B, target):
     h_BTD = self.features(params, target).astype(self.dtype)
     # Pairs >= lengths-1 hold padding; each is overwritten before anything attends to it.

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec.checkpoint import names as target_names
-from specdec.checkpoint.safetensors_io import CheckpointError
+from specdec.checkpoint.safetensors_io import CheckpointError, checkpoint_files
 from specdec.drafters import heads
 from specdec.models.config import ModelConfig, to_hf_dict
 from specdec.models.transformer import Block, KVCache, Linear, RMSNorm, Transformer
@@ -223,10 +223,24 @@ def _norms_stored_zero_centred(layout: str) -> bool:
   return layout == "qwen3_next"
 
 
-def load_mtp(path: str, target, config: MTPConfig = MTPConfig()) -> MTP:
-  """Reads the MTP head from a checkpoint directory (the target's own, or one `save_mtp` wrote)."""
-  config.check()
+def detect_layout(path: str, target_config: ModelConfig) -> MTPConfig:
+  """The layout's default config from the tensor names in a checkpoint directory."""
+  files = checkpoint_files(path)
+  if any(name.startswith("mtp.") for name in files):
+    return MTPConfig()
+  if f"model.layers.{target_config.num_layers}.eh_proj.weight" in files:
+    return MTPConfig.deepseek_v3()
+  raise CheckpointError(
+    f"{path}: no MTP head: neither 'mtp.*' tensors nor "
+    f"'model.layers.{target_config.num_layers}.eh_proj.weight'"
+  )
+
+
+def load_mtp(path: str, target, config: MTPConfig | None = None) -> MTP:
+  """Reads the MTP head from a checkpoint directory (the target's own, or one `save_mtp` wrote).
+  config: default by the layout found (Qwen3-Next post-norm, DeepSeek-V3 pre-norm)."""
   c = target.config
+  config = (config or detect_layout(path, c)).check()
   n = _num_mtp_layers(path)
   if n is not None and n != 1:
     raise CheckpointError(
@@ -246,7 +260,7 @@ def load_mtp(path: str, target, config: MTPConfig = MTPConfig()) -> MTP:
 
 def save_mtp(path: str, drafter: MTP, dtype=None) -> None:
   """Writes the head in its published layout (model.safetensors) with a config.json that records
-  the target's config and one MTP layer; `load_mtp(path, target, drafter.spec)` reads it back."""
+  the target's config and one MTP layer; `load_mtp(path, target)` reads it back."""
   os.makedirs(path, exist_ok=True)
   layout = drafter.spec.layout
   flat = heads.flat_params(drafter.weights["head"])

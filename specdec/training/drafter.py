@@ -1,15 +1,17 @@
 """Distilling a learned drafter (block / DFlash, MTP, EAGLE-3) against a frozen target.
 
-Each method's module in specdec.training offers the same five functions:
-  init_params(target, dcfg, key), frozen_params(target), make_loss(target, dcfg, **loss_kw),
-  drafter(target, params, dcfg), export(path, target, params, dcfg)
-and this driver adds what every method shares: the corpus windows, the optax loop with resumable
-orbax checkpoints, a periodic held-out tau (greedy speculative decoding of held-out code with the
-drafter as trained so far), and the export of the final drafter in its published layout.
+Each method's module in specdec.training offers init_params, frozen_params, make_loss, drafter and
+export; `build_method` binds them to a configuration. This driver adds what every method shares:
+the corpus windows, the optax loop with resumable orbax checkpoints, a periodic held-out tau
+(greedy speculative decoding of held-out code with the drafter as trained so far), and the export
+of the final drafter in its published layout.
 """
 
+import dataclasses
 import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,21 +22,53 @@ from specdec.sweep import resolve_path
 from specdec.training import data, loop
 
 
-def method_module(name: str):
-  from specdec.training import block
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One learned drafter kind, its configuration bound: what the driver calls."""
 
-  modules = {"block": block}
-  if name not in modules:
-    raise ValueError(f"unknown drafter method {name!r}; choose one of {', '.join(modules)}")
-  return modules[name]
+  init: Callable  # key -> params
+  frozen: Any
+  loss: Callable  # loss_fn(params, frozen, batch, key)
+  drafter: Callable  # params -> Drafter
+  export: Callable  # (path, params) -> None
 
 
-def drafter_config(method: str, target, options: dict):
-  if method == "block":
+def build_method(cfg, target, train_tokens) -> Method:
+  """cfg.method in {block, mtp, eagle3} with cfg.drafter options and cfg.loss keywords."""
+  opts, loss_kw = dict(cfg.drafter), dict(cfg.loss)
+  if cfg.method == "block":
     from specdec.drafters.block_config import make_config
+    from specdec.training import block as m
 
-    return make_config(target.config, **options)
-  raise ValueError(f"unknown drafter method {method!r}")
+    d = make_config(target.config, **opts)
+    return Method(
+      lambda key: m.init_params(target, d, key), m.frozen_params(target),
+      m.make_loss(target, d, **loss_kw), lambda p: m.drafter(target, p, d),
+      lambda path, p: m.export(path, target, p, d),
+    )  # fmt: skip
+  if cfg.method == "mtp":
+    from specdec.training import mtp as m
+
+    d = m.MTPTrainConfig(chain=m.ChainTraining(**opts.get("chain", {})))
+    return Method(
+      lambda key: m.init_params(target, d, key), m.frozen_params(target),
+      m.make_loss(target, d), lambda p: m.drafter(target, p, d),
+      lambda path, p: m.export(path, target, p, d),
+    )  # fmt: skip
+  if cfg.method == "eagle3":
+    from specdec.drafters.eagle3 import draft_vocab_from_tokens
+    from specdec.training import eagle3 as m
+    from specdec.training.mtp import ChainTraining
+
+    size = opts.get("draft_vocab_size") or target.config.vocab_size
+    ids = draft_vocab_from_tokens(train_tokens, size, target.config.vocab_size)
+    d = m.Eagle3TrainConfig(draft_vocab_size=size, chain=ChainTraining(**opts.get("chain", {})))
+    return Method(
+      lambda key: m.init_params(target, d, key), m.frozen_params(target, ids),
+      m.make_loss(target, d), lambda p: m.drafter(target, p, d, ids),
+      lambda path, p: m.export(path, target, p, d, ids),
+    )  # fmt: skip
+  raise ValueError(f"unknown drafter method {cfg.method!r}; choose one of block, mtp, eagle3")
 
 
 def heldout_prompts(tokens: np.ndarray, n: int, length: int) -> list[list[int]]:
@@ -43,9 +77,9 @@ def heldout_prompts(tokens: np.ndarray, n: int, length: int) -> list[list[int]]:
   return [tokens[s : s + length].astype(int).tolist() for s in starts]
 
 
-def make_tau_eval(target, module, dcfg, prompts, k: int, max_new_tokens: int):
+def make_tau_eval(target, method: Method, prompts, k: int, max_new_tokens: int):
   def eval_fn(params):
-    d = module.drafter(target, jax.tree.map(np.asarray, params), dcfg)
+    d = method.drafter(jax.tree.map(np.asarray, params))
     g = specdec.generate(target, prompts, max_new_tokens=max_new_tokens, drafter=d, k=k)
     return {"heldout_tau": g.stats["tau"], "heldout_acceptance": g.stats["acceptance_rate"]}
 
@@ -55,23 +89,21 @@ def make_tau_eval(target, module, dcfg, prompts, k: int, max_new_tokens: int):
 def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
   """Trains cfg.method against cfg.target on corpus_dir/train.npy; exports to `out`."""
   target = specdec.load(resolve_path(cfg.target), dtype=jnp.dtype(cfg.dtype))
-  module = method_module(cfg.method)
-  dcfg = drafter_config(cfg.method, target, dict(cfg.drafter))
-  params = module.init_params(target, dcfg, jax.random.key(cfg.seed))
-  loss_fn = module.make_loss(target, dcfg, **dict(cfg.loss))
   train_tokens = data.load_tokens(os.path.join(corpus_dir, "train.npy"), cfg.train_tokens)
+  method = build_method(cfg, target, train_tokens)
+  params = method.init(jax.random.key(cfg.seed))
   held = np.load(os.path.join(corpus_dir, "heldout.npy"))
   batches = data.TokenWindows(train_tokens, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
   prompts = heldout_prompts(held, cfg.eval_prompts, cfg.eval_prompt_len)
-  eval_fn = make_tau_eval(target, module, dcfg, prompts, cfg.eval_k, cfg.eval_new_tokens)
+  eval_fn = make_tau_eval(target, method, prompts, cfg.eval_k, cfg.eval_new_tokens)
   opt = loop.adamw(cfg.lr, steps=cfg.steps, warmup=cfg.warmup, weight_decay=cfg.weight_decay)
   params, history = loop.fit(
-    loss_fn, params, batches, optimizer=opt, steps=cfg.steps,
+    method.loss, params, batches, optimizer=opt, steps=cfg.steps,
     ckpt_dir=ckpt_dir or out + "_ckpt", ckpt_every=cfg.ckpt_every, eval_fn=eval_fn,
     eval_every=cfg.eval_every, log_every=cfg.log_every, seed=cfg.seed,
-    frozen=module.frozen_params(target), desc=os.path.basename(out.rstrip("/")),
+    frozen=method.frozen, desc=os.path.basename(out.rstrip("/")),
   )  # fmt: skip
-  module.export(out, target, jax.tree.map(np.asarray, params), dcfg)
+  method.export(out, jax.tree.map(np.asarray, params))
   with open(os.path.join(out, "training.json"), "w") as f:
     json.dump({"config": cfg.to_dict(), "history": history, "device": jax.devices()[0].device_kind},
               f, indent=1, default=str)  # fmt: skip

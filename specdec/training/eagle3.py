@@ -7,8 +7,9 @@ the loss (EAGLE-3's `traineagle3/cnets.py` does both). fc, the layer, the norm a
 head train; the embedding is the target's, frozen. The draft vocabulary is fixed before training
 (`eagle3.draft_vocab_from_tokens` on the corpus) and travels in `frozen`.
 
-Training-time test (feeding the head its own outputs for several steps during training) is not
-implemented: deeper drafts chain features the layer never saw in training.
+Training-time test (`chain.depth` > 1) replays drafting from sampled origins so the layer also
+learns to read its own outputs, which it is fed in place of fc(taps) from the second draft on:
+without it the second draft is rarely right (on the toy world of the tests: never).
 
     loss_fn = make_loss(target, cfg)
     params, _ = fit(loss_fn, init_params(target, cfg, key), batches, steps=n,
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 
 from specdec.drafters import eagle3 as eagle3_lib
 from specdec.model import forward
+from specdec.training.mtp import ChainTraining, chain_loss, masked_mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Eagle3TrainConfig:
   aux_layer_ids: tuple[int, ...] | None = None  # None: EAGLE-3's (2, L//2, L-3)
   intermediate_size: int | None = None  # None: the target's
   norm_before_residual: bool = False
+  chain: ChainTraining = ChainTraining(depth=7)  # DeepSpec's EAGLE-3 heads: ttt7
 
 
 def head_config(target_model, cfg: Eagle3TrainConfig) -> eagle3_lib.Eagle3Config:
@@ -59,30 +62,30 @@ def make_loss(target_model, cfg: Eagle3TrainConfig):
   drafter = eagle3_lib.Eagle3(taps=spec.taps, head_config=spec.head, dtype=dtype, spec=spec)
 
   def loss_fn(params, frozen, tokens_BT, key):
-    del key  # no dropout
     out = forward(frozen["target"], tokens_BT, config, dtype, drafter.taps)
     ids_Vd = frozen["draft_ids"]
+    in_vocab_V = jnp.zeros(config.vocab_size, bool).at[ids_Vd].set(True)
     weights = {
       "head": jax.tree.map(lambda p: p.astype(dtype), params),
       "embed": frozen["target"]["params"]["embed"]["embedding"],
       "draft_ids": ids_Vd,
     }
-    out_BTD, _ = drafter.teacher_forced(weights, drafter.features(weights, out), tokens_BT)
-    # Pair p predicts token p+2, which the target predicts at position p+1.
-    logits_BTVd = drafter.draft_logits(weights, out_BTD)[:, :-1]
-    teacher_BTV = jax.lax.stop_gradient(out.logits[:, 1:])
-    target_BT = jnp.argmax(teacher_BTV, -1)
-    in_vocab_BT = jnp.zeros(config.vocab_size, bool).at[ids_Vd].set(True)[target_BT]
-    p_BTVd = jax.nn.softmax(teacher_BTV[..., ids_Vd])
-    ce_BT = -jnp.sum(p_BTVd * jax.nn.log_softmax(logits_BTVd), -1)
-    mask_BT = in_vocab_BT.astype(jnp.float32)
-    loss = jnp.sum(ce_BT * mask_BT) / jnp.maximum(jnp.sum(mask_BT), 1.0)
-    agree_BT = ids_Vd[jnp.argmax(logits_BTVd, -1)] == target_BT
-    return loss, {
-      "ce": loss,
-      "agree": jnp.mean(agree_BT.astype(jnp.float32)),  # over all positions: first-draft hit rate
-      "in_vocab": jnp.mean(mask_BT),
-    }
+
+    def depth_term(out_ND, teacher_NV, valid_N):
+      logits_NVd = drafter.draft_logits(weights, out_ND)
+      target_N = jnp.argmax(teacher_NV, -1)
+      p_NVd = jax.nn.softmax(teacher_NV[..., ids_Vd])
+      ce_N = -jnp.sum(p_NVd * jax.nn.log_softmax(logits_NVd), -1)
+      agree_N = ids_Vd[jnp.argmax(logits_NVd, -1)] == target_N
+      metrics = {
+        "agree": masked_mean(agree_N, valid_N),  # over all positions: the draft's hit rate
+        "in_vocab": masked_mean(in_vocab_V[target_N], valid_N),
+      }
+      return masked_mean(ce_N, valid_N & in_vocab_V[target_N]), metrics
+
+    teacher_BTV = jax.lax.stop_gradient(out.logits)
+    h_BTD = drafter.features(weights, out)
+    return chain_loss(drafter, weights, h_BTD, tokens_BT, teacher_BTV, key, cfg.chain, depth_term)
 
   return loss_fn
 

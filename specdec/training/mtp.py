@@ -7,6 +7,11 @@ what greedy verification accepts. Only the head trains: the embedding and LM hea
 target's, read from `frozen`. Master weights are float32 and cast to the target's dtype for the
 forward, as in `training/lm.py`.
 
+Training-time test (`ChainTraining.depth` > 1, EAGLE-3's TTT): drafting is replayed from sampled
+origins for deeper depths, the head consuming its own outputs as it does when drafting, so the
+chained depths are trained too; depth s is weighted decay**s. The chain machinery below is shared
+with `training/eagle3.py`.
+
     loss_fn = make_loss(target, cfg)
     params, _ = fit(loss_fn, init_params(target, cfg, key), batches, steps=n,
                     frozen=frozen_params(target))
@@ -23,9 +28,17 @@ from specdec.model import forward
 
 
 @dataclasses.dataclass(frozen=True)
+class ChainTraining:
+  depth: int = 1  # draft depths trained per origin; 1: only the first (teacher-forced) draft
+  origins: int = 64  # origins per row replayed for depths >= 2 (sampled; each copies the cache)
+  decay: float = 0.8  # loss weight of depth s is decay**s (EAGLE-3's traineagle3)
+
+
+@dataclasses.dataclass(frozen=True)
 class MTPTrainConfig:
   mtp: mtp_lib.MTPConfig = mtp_lib.MTPConfig()
   soft: bool = True  # CE to the target's distribution; False: to its argmax
+  chain: ChainTraining = ChainTraining()
 
 
 def init_params(target_model, cfg: MTPTrainConfig, key) -> dict:
@@ -36,39 +49,68 @@ def frozen_params(target_model) -> dict:
   return {"target": target_model.params}
 
 
-def distill_ce(logits_BTV, teacher_BTV, soft: bool):
+def distill_ce(logits_NV, teacher_NV, soft: bool):
   """Per-position CE of the student to the teacher's distribution (soft) or argmax (hard)."""
-  logq_BTV = jax.nn.log_softmax(logits_BTV)
+  logq_NV = jax.nn.log_softmax(logits_NV)
   if soft:
-    return -jnp.sum(jax.nn.softmax(teacher_BTV) * logq_BTV, -1)
-  labels_BT = jnp.argmax(teacher_BTV, -1)
-  return -jnp.take_along_axis(logq_BTV, labels_BT[..., None], -1)[..., 0]
+    return -jnp.sum(jax.nn.softmax(teacher_NV) * logq_NV, -1)
+  labels_N = jnp.argmax(teacher_NV, -1)
+  return -jnp.take_along_axis(logq_NV, labels_N[..., None], -1)[..., 0]
+
+
+def masked_mean(x, mask):
+  mask = mask.astype(jnp.float32)
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def chain_loss(drafter, weights, h_BTD, tokens_BT, teacher_BTV, key, chain, depth_term):
+  """Loss and metrics over the draft depths of a chained head.
+
+  depth_term(out [..., D], teacher [..., V], valid [...]) -> (loss, {metric: value}) scores the
+  head's outputs against the target's logits for the tokens they predict.
+  """
+  B, T = tokens_BT.shape
+  out_BTD, cache = drafter.teacher_forced(weights, h_BTD, tokens_BT)
+  # Pair p predicts token p+2, which the target predicts at position p+1; the last pair has no
+  # token p+1.
+  terms = [depth_term(out_BTD[:, :-1], teacher_BTV[:, 1:], jnp.ones((B, T - 1), bool))]
+  if chain.depth > 1:
+    n = min(chain.origins, T - 1)
+    origins_BO = jnp.argsort(jax.random.uniform(key, (B, T - 1)), -1)[:, :n].astype(jnp.int32)
+    outs = drafter.chained(weights, out_BTD, cache, tokens_BT, origins_BO, chain.depth)
+    b_B1 = jnp.arange(B)[:, None]
+    for s, out_BOD in enumerate(outs, 1):
+      at_BO = origins_BO + s + 1  # the position whose target distribution depth s matches
+      teacher_BOV = teacher_BTV[b_B1, jnp.minimum(at_BO, T - 1)]
+      terms.append(depth_term(out_BOD, teacher_BOV, at_BO <= T - 1))
+  loss = sum(chain.decay**s * t[0] for s, t in enumerate(terms))
+  metrics = {f"{k}_d{s + 1}": v for s, (_, m) in enumerate(terms) for k, v in m.items()}
+  return loss, {"loss_d1": terms[0][0], **metrics}
 
 
 def make_loss(target_model, cfg: MTPTrainConfig):
   """loss_fn(params, frozen, tokens_BT, key) -> (loss, metrics) for `training.loop.fit`; it
-  closes over static configuration only, never arrays."""
+  closes over static configuration only, never arrays. metrics: loss_d1 and, per depth s,
+  agree_d{s}, the rate at which the head's argmax is the target's."""
   config, dtype = target_model.config, target_model.dtype
   drafter = mtp_lib.MTP.build(config, dtype, cfg.mtp)
 
   def loss_fn(params, frozen, tokens_BT, key):
-    del key  # no dropout
     out = forward(frozen["target"], tokens_BT, config, dtype, drafter.taps)
-    teacher_BTV = jax.lax.stop_gradient(out.logits)
     weights = {
       "head": jax.tree.map(lambda p: p.astype(dtype), params),
       "target": mtp_lib.shared_target_params(frozen["target"]),
     }
+
+    def depth_term(out_ND, teacher_NV, valid_N):
+      logits_NV = drafter.logits(weights, out_ND)
+      ce_N = distill_ce(logits_NV, teacher_NV, cfg.soft)
+      agree_N = jnp.argmax(logits_NV, -1) == jnp.argmax(teacher_NV, -1)
+      return masked_mean(ce_N, valid_N), {"agree": masked_mean(agree_N, valid_N)}
+
+    teacher_BTV = jax.lax.stop_gradient(out.logits)
     h_BTD = drafter.features(weights, out)
-    out_BTD, _ = drafter.teacher_forced(weights, h_BTD, tokens_BT)
-    # Pair p predicts token p+2, which the target predicts at position p+1; the last pair has no
-    # token p+1.
-    logits_BTV = drafter.logits(weights, out_BTD)[:, :-1]
-    teacher_BTV = teacher_BTV[:, 1:]
-    ce_BT = distill_ce(logits_BTV, teacher_BTV, cfg.soft)
-    agree_BT = jnp.argmax(logits_BTV, -1) == jnp.argmax(teacher_BTV, -1)
-    loss = jnp.mean(ce_BT)
-    return loss, {"ce": loss, "agree": jnp.mean(agree_BT.astype(jnp.float32))}
+    return chain_loss(drafter, weights, h_BTD, tokens_BT, teacher_BTV, key, cfg.chain, depth_term)
 
   return loss_fn
 

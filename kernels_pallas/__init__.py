@@ -1,0 +1,1 @@
+"""Pallas GPU kernels, one per file: tuning config, kernel, `reference()`, benchmark `main()`."""

@@ -1,0 +1,1037 @@
+"""W4A16 NVFP4 GEMV / skinny GEMM for Hopper: x [M, K] bf16 @ W (K, N) -> [M, N] bf16, M = 1..16.
+
+Backend: Mosaic GPU (`plgpu.kernel` + `plgpu.emit_pipeline`), with the per-step arithmetic written
+through `plgpu.inline_mgpu` as PTX (`mma.sync`, `lop3`, `prmt`). Mosaic GPU did not block anything;
+no Triton fallback exists.
+
+Structure. One CTA = one warpgroup owning `tile_n` = 16 R output features (rows of the packed
+weight). K streams through a TMA pipeline in steps of 256: per step the codes [tile_n, 128 B]
+(128B-swizzled), the E4M3 scales [tile_n, 16 B] and x [M, 256] (128B-swizzled). Inside a step the
+four warps split K, not rows: warp w takes 64 of the 256 k for all R row blocks, so R is free (the
+grid is balanced for any N: 8192x28672 uses R = 7, 256 CTAs, 1.94 per SM), each x value is read
+by one warp instead of four, and each warp keeps R x (M / 8) f32 mma accumulators that a short SMEM
+reduction sums at the end. The last CTA's rows are clamped to end at N (rows done twice are
+written twice with the same value). Output goes straight to [M, N] (or f32 partials for
+split_k > 1, summed by XLA); x and W enter as free reshapes, so the op is one launch.
+
+Why mma.sync and not wgmma. The cheap FP4 decode works on a 32-bit word of 8 nibbles and yields
+bf16 pairs (k, k + 4), not (k, k + 1). With wgmma, B (x) must sit in SMEM in K order, so x would
+need a permuting XLA op before every call (and the output a transpose after): two extra launches
+of ~2 us on a ~40 us kernel. `mma.sync` takes B from registers, so each lane builds its x fragment
+from the same physical k it decoded (4 `prmt` per 8 values); nothing is permuted outside. M <= 16
+needs < 200 TFLOP/s, far under mma.sync's rate.
+
+Decode (Marlin's trick, bf16 flavour). For a word q and pair p, A = q << (12 - 4p) puts nibble p's
+sign at bit 15 and nibble p + 4's at bit 31; B = q << (6 - 4p) puts their (e1 e0 m) bits at [8:6]
+and [24:22]. bf16 bits `(A & 0x80008000) | (B & 0x01C001C0)` are exactly E2M1(code) * 2^-126
+(e = 0 lands on the bf16 subnormals). One `mul.bf16x2` by the block scale, pre-multiplied by 2^118
+(E4M3 -> f16 by `cvt.e4m3x2`, then f32, then bf16), gives code * scale / 256 exactly (<= 6
+significant bits, in [2^-18, 10.5]); the epilogue multiplies by 256 * global scale (or divides).
+15 integer ops + 4 bf16x2 multiplies per 8 weights, no lookup table.
+
+Measured on the H200 (2026-11-30, jax 0.11.2, CUPTI kernel time, median of 5 runs over 4 weight
+copies so L2 holds none; `PYTHONPATH=. python3 -m kernels_pallas.nvfp4_gemv --mode bench`;
+TB/s = (K N / 2 + K N / 16) bytes / time; XLA = its bf16 dot on a dense (K, N) weight):
+
+  M   K x N        tile_n  us    TB/s  % of 4.24  XLA us (TB/s)  XLA/kernel  compile s
+  1   8192x28672   112     41.2  3.20  76%        105.8 (4.44)   2.57        0.6
+  4   8192x28672   112     42.1  3.14  74%        108.6 (4.32)   2.58        0.8
+  8   8192x28672   112     41.2  3.20  76%        108.1 (4.34)   2.62        0.7
+  16  8192x28672   112     46.5  2.84  67%        110.7 (4.24)   2.38        0.8
+  1   5120x17408   48      19.6  2.56  60%         44.0 (4.05)   2.25        0.6
+  16  5120x17408   48      22.4  2.23  53%         46.1 (3.86)   2.06        0.6
+
+The issue's bars (>= 3.4 TB/s, >= 3x XLA's time) are not met; compile (<= 20 s) is. Note the two
+speed bars are nearly one: XLA's dot runs at 4.2-4.4 TB/s of kernel time, so 3x its time needs
+3.7 TB/s of NVFP4 bytes, 88% of the copy ceiling.
+
+What bounds it. Not HBM: the first version (rows split over warps, 128-row CTAs, 224 of them)
+ran 46.3 us on 8192x28672 at M = 1 and did not speed up with more pipeline stages (3, 4, 6, 8) or
+more CTAs per SM (64-row CTAs: 51 us); its per-SM issue rate saturated near 0.5 instructions per
+cycle, the rate of the 16-lane integer pipe, because the decode is ~15 integer ops per 8 weights.
+At 3.4 TB/s that decode alone needs ~70% of the H200's integer throughput. So this version spends
+no integer op the decode does not need (x is read and paired by one warp, not four) and balances
+rows across SMs (busiest SM 224 rows instead of 256): 46.3 -> 41.2 us, and 30.2 -> 19.6 us on
+5120x17408 (136 CTAs left 4 SMs doing twice the work). Measured and worse: decode variant 1
+(44.5 us), 3 or 6 stages (42.2, 44.2 us), 96-row CTAs on 5120x17408 (25.5 us). M > 8 doubles the
+mma and x work (two token tiles): 41 -> 46.5 us. Next levers, unmeasured: read the SASS for the
+SHF/IMAD split of the shifts, and a load-time repack of the codes (as Marlin does) that would let
+a pair decode in fewer than 4 integer ops.
+
+Bank conflicts. With the 128B swizzle (16-byte chunk c of a 128-byte line is stored at c ^ line%8)
+the code reads (8 B per lane, chunks w and w + 4 of each row line) and scale reads are conflict-
+free; x reads are at most 2-way. `bank_conflicts()` checks this from the kernel's own formulas.
+
+Testing without a GPU. The per-step algorithm `_step` and the epilogue are written once against a
+small ops interface; `_MlirOps` emits them, `_NumpyOps` runs them on numpy arrays of 128 thread
+values (SMEM images built with the TMA swizzle, mma fragments gathered per warp). `emulate()` is
+therefore a bit-faithful CPU model of the kernel. The Pallas GPU interpreter
+(`plgpu.InterpretGPUParams`) cannot run this kernel: `inline_mgpu` emits PTX. Lowering works on a
+CPU-only jaxlib (`jax.export` with platforms=["cuda"]); the CPU tests use that.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import math
+import statistics
+import sys
+import time
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from specdec.quant.nvfp4 import GROUP, NVFP4Weight
+
+TILE_K = 256  # K per pipeline step: one 128-byte swizzle line of packed codes per weight row
+BLOCK_ROWS = 16  # rows of one mma.sync A operand
+M_MAX = 16
+NUM_SMS = 132
+WEIGHT_SCALE_SHIFT = 118  # block scales enter bf16 as scale * 2^118; the products are w / 256
+OUT_SCALE = 2.0 ** (126 - WEIGHT_SCALE_SHIFT)
+COPY_CEILING_TBS = 4.24  # DESIGN.md section 9, device-to-device copy on the H200
+
+# Two variants of one decode: 0 shifts each pair from q (two right shifts), 1 shifts q right once
+# by a byte and then only left, hoping ptxas moves left shifts to the FMA pipe as IMAD.SHL. It
+# costs 2 more ops per word and measured slower (44.5 vs 41.2 us on 8192x28672, M = 1).
+DECODE_PTX = (
+  """{
+.reg .b32 a, b;
+shl.b32 a, $4, 12;
+shl.b32 b, $4, 6;
+and.b32 b, b, 0x01C001C0;
+lop3.b32 a, a, b, 0x80008000, 0xEC;
+mul.rn.bf16x2 $0, a, $5;
+shl.b32 a, $4, 8;
+shl.b32 b, $4, 2;
+and.b32 b, b, 0x01C001C0;
+lop3.b32 a, a, b, 0x80008000, 0xEC;
+mul.rn.bf16x2 $1, a, $5;
+shl.b32 a, $4, 4;
+shr.u32 b, $4, 2;
+and.b32 b, b, 0x01C001C0;
+lop3.b32 a, a, b, 0x80008000, 0xEC;
+mul.rn.bf16x2 $2, a, $5;
+shr.u32 b, $4, 6;
+and.b32 b, b, 0x01C001C0;
+lop3.b32 a, $4, b, 0x80008000, 0xEC;
+mul.rn.bf16x2 $3, a, $5;
+}""",
+  """{
+.reg .b32 a, b, r;
+shl.b32 a, $4, 12;
+shl.b32 b, $4, 6;
+and.b32 b, b, 0x01C001C0;
+lop3.b32 a, a, b, 0x80008000, 0xEC;
+mul.rn.bf16x2 $0, a, $5;
+shl.b32 a, $4, 8;
+shl.b32 b, $4, 2;
+and.b32 b, b, 0x01C001C0;
+lop3.b32 a, a, b, 0x80008000, 0xEC;
+mul.rn.bf16x2 $1, a, $5;
+shr.u32 r, $4, 8;
+shl.b32 a, r, 12;
+shl.b32 b, r, 6;
+and.b32 b, b, 0x01C001C0;
+lop3.b32 a, a, b, 0x80008000, 0xEC;
+mul.rn.bf16x2 $2, a, $5;
+shl.b32 a, r, 8;
+shl.b32 b, r, 2;
+and.b32 b, b, 0x01C001C0;
+lop3.b32 a, a, b, 0x80008000, 0xEC;
+mul.rn.bf16x2 $3, a, $5;
+}""",
+)
+
+# Two E4M3 scales (rows g and g + 8, low and high byte) -> two bf16x2 splats of scale * 2^118.
+SCALE_PTX = """{
+.reg .b16 lo, hi, h0, h1;
+.reg .b32 p;
+.reg .f32 f;
+mov.b32 {lo, hi}, $2;
+cvt.rn.f16x2.e4m3x2 p, lo;
+mov.b32 {h0, h1}, p;
+cvt.f32.f16 f, h0;
+mul.f32 f, f, 0f7A800000;
+cvt.rn.bf16x2.f32 $0, f, f;
+cvt.f32.f16 f, h1;
+mul.f32 f, f, 0f7A800000;
+cvt.rn.bf16x2.f32 $1, f, f;
+}"""
+
+MMA_PTX = (
+  "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+  "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+)
+
+# prmt selectors that pair x values (k, k + 4) from two words holding (k, k+1) and (k+4, k+5).
+PAIR_LO, PAIR_HI = 0x5410, 0x7632
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningConfig:
+  tile_n: int = 112  # output features per CTA, a multiple of 16 (16 per mma row block)
+  max_concurrent_steps: int = 4  # TMA pipeline depth (K steps of 256 in flight)
+  split_k: int = 1  # CTAs along K; > 1 writes f32 partials that XLA sums
+  decode: int = 0  # which DECODE_PTX
+
+  def check(self, m: int, k: int, n: int) -> None:
+    if not 1 <= m <= M_MAX:
+      raise ValueError(f"{m=} must be in [1, {M_MAX}]")
+    if self.tile_n % BLOCK_ROWS or not BLOCK_ROWS <= self.tile_n <= min(n, 256):
+      raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, min({n=}, 256)]")
+    if k % (TILE_K * self.split_k):
+      raise ValueError(f"{k=} must be divisible by {TILE_K} * split_k={self.split_k}")
+
+
+def _per_sm_rows(n: int, tile_n: int, split_k: int, num_sms: int) -> float:
+  """Rows x K share of the busiest SM: whole CTAs land on SMs, and time scales with this."""
+  ctas = math.ceil(n / tile_n) * split_k
+  return math.ceil(ctas / num_sms) * tile_n / split_k
+
+
+def default_config(m: int, k: int, n: int, num_sms: int = NUM_SMS) -> TuningConfig:
+  """The row blocks per CTA (1..8) that leave the busiest SM least work, larger on ties; split K
+  (powers of 2) only while it lowers that."""
+  del m
+  best = None
+  for split in (1, 2, 4, 8):
+    if k % (TILE_K * split) or (split > 1 and math.ceil(n / 16) >= num_sms):
+      continue
+    for r in range(8, 0, -1):
+      if 16 * r > n:
+        continue
+      cost = _per_sm_rows(n, 16 * r, split, num_sms) * (1 + 0.05 * (split > 1))
+      if best is None or cost < best[0] - 1e-9:
+        best = (cost, TuningConfig(tile_n=16 * r, split_k=split))
+  assert best is not None, (k, n)
+  return best[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# The per-step algorithm, written once for the emitter and the numpy emulator.
+
+
+def swizzle(offset, line0):
+  """SMEM byte offset -> where the 128B-swizzling TMA put it (line0 = slot base address >> 7)."""
+  return offset ^ ((((offset >> 7) + line0) & 7) << 4)
+
+
+def _lanes(tid):
+  lane = tid & 31
+  return (tid >> 5) & 3, lane >> 2, lane & 3  # warp, row-in-block g, quad lane q
+
+
+def _k_chunk(warp, q):
+  """(16-byte chunk of the 128-byte row line, 8-byte half) of a lane: its 16 k of the step are
+  32 chunk + 16 half + [0, 16). Warps take chunks w and w + 4 so 4 rows x 4 lanes of 8 bytes cover
+  all 32 banks through the swizzle."""
+  return warp + ((q >> 1) << 2), q & 1
+
+
+def w_offset(row, chunk, half):
+  return row * 128 + (chunk << 4) + (half << 3)
+
+
+def s_offset(row, chunk, half):
+  return row * 16 + (chunk << 1) + half
+
+
+def x_offset(n, chunk, half, u):
+  return n * 512 + (chunk << 6) + (half << 5) + (u << 4)
+
+
+def _step(ops, nb: int, nt: int, m: int, w_buf, s_buf, x_buf, acc, decode: int):
+  """One K step of 256 for one warp's quarter of it; `acc[b, j]` are 4 f32 C-fragment values
+  for row block b (rows 16 b + g, + 8) and token tile j."""
+  warp, g, q = _lanes(ops.tid)
+  chunk, half = _k_chunk(warp, q)
+  words, sbytes = {}, {}
+  for b in range(nb):
+    for i in range(2):
+      row = g + (BLOCK_ROWS * b + 8 * i)
+      words[b, i] = ops.load(w_buf, w_offset(row, chunk, half), 2, swizzled=True)
+      sbytes[b, i] = ops.load_u8(s_buf, s_offset(row, chunk, half))  # the lane's one group
+  xs = {}
+  for j in range(nt):
+    n = ops.min(g + 8 * j, m - 1)  # padded tokens repeat the last one; their columns are dropped
+    for u in range(2):
+      x0, x1, x2, x3 = ops.load(x_buf, x_offset(n, chunk, half, u), 4, swizzled=True)
+      xs[j, u] = (
+        ops.prmt(x0, x2, PAIR_LO),
+        ops.prmt(x0, x2, PAIR_HI),
+        ops.prmt(x1, x3, PAIR_LO),
+        ops.prmt(x1, x3, PAIR_HI),
+      )
+  ops.release()  # every SMEM read of this slot is done; the pipeline may refill it
+  for b in range(nb):
+    splats = ops.scale_splats(sbytes[b, 0] | (sbytes[b, 1] << 8))
+    for u in range(2):
+      d0, d1 = (ops.decode(words[b, i][u], splats[i], decode) for i in range(2))
+      for h in range(2):
+        a = (d0[2 * h], d1[2 * h], d0[2 * h + 1], d1[2 * h + 1])
+        for j in range(nt):
+          acc[b, j] = ops.mma(a, (xs[j, u][2 * h], xs[j, u][2 * h + 1]), acc[b, j])
+  return acc
+
+
+def _epilogue(ops, nb: int, nt: int, m: int, acc, red, g_ref, o_ref, divides: bool):
+  """Sums the four warps' partials through SMEM; the warp w finishes row blocks b = w mod 4."""
+  warp, g, q = _lanes(ops.tid)
+  for b in range(nb):
+    for j in range(nt):
+      for i in range(2):
+        for e in range(2):
+          ops.red_store(
+            red, warp, g + (BLOCK_ROWS * b + 8 * i), q * 2 + (8 * j + e), acc[b, j][2 * i + e]
+          )
+  ops.barrier()
+  for b in range(nb):
+    with ops.only_warp(b % 4):
+      for i in range(2):
+        row = g + (BLOCK_ROWS * b + 8 * i)
+        factor = ops.out_factor(g_ref, row, divides)
+        for j in range(nt):
+          for e in range(2):
+            col = q * 2 + (8 * j + e)
+            total = ops.red_load(red, 0, row, col)
+            for w in range(1, 4):
+              total = ops.fadd(total, ops.red_load(red, w, row, col))
+            ops.store_if_below(o_ref, col, row, ops.fmul(total, factor), m)
+
+
+# ------------------------------------------------------------------------------------------------
+# Numpy model of one warpgroup (arrays of 128 thread values).
+
+
+def _bf16_bits_to_f32(bits) -> np.ndarray:
+  return (np.asarray(bits, np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16_bits(x) -> np.ndarray:
+  return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+
+
+def decode_word_np(word, splat) -> list[np.ndarray]:
+  """DECODE_PTX on uint32 arrays; returns 4 bf16x2 words (low half = nibble p, high = p + 4)."""
+  q = np.asarray(word, np.uint32)
+  s = np.asarray(splat, np.uint32)
+  out = []
+  for p in range(4):
+    a = q << np.uint32(12 - 4 * p)
+    b = q << np.uint32(6 - 4 * p) if p < 2 else q >> np.uint32(4 * p - 6)
+    bits = (a & np.uint32(0x80008000)) | (b & np.uint32(0x01C001C0))
+    halves = []
+    for sh in (0, 16):
+      prod = _bf16_bits_to_f32((bits >> np.uint32(sh)) & np.uint32(0xFFFF)) * _bf16_bits_to_f32(
+        (s >> np.uint32(sh)) & np.uint32(0xFFFF)
+      )
+      halves.append(_f32_to_bf16_bits(prod))
+    out.append(halves[0] | (halves[1] << np.uint32(16)))
+  return out
+
+
+def scale_splats_np(two_bytes) -> list[np.ndarray]:
+  """SCALE_PTX: E4M3 bytes 0 and 1 -> two bf16x2 splats of scale * 2^118."""
+  w = np.asarray(two_bytes, np.uint32)
+  out = []
+  for b in range(2):
+    byte = ((w >> np.uint32(8 * b)) & np.uint32(0xFF)).astype(np.uint8)
+    val = byte.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.float32(
+      2.0**WEIGHT_SCALE_SHIFT
+    )
+    bits = _f32_to_bf16_bits(val)
+    out.append(bits | (bits << np.uint32(16)))
+  return out
+
+
+def prmt_np(a, b, sel: int) -> np.ndarray:
+  pool = np.stack(
+    [(np.asarray(x, np.uint32) >> np.uint32(8 * i)) & 0xFF for x in (a, b) for i in range(4)]
+  )
+  out = np.zeros_like(np.asarray(a, np.uint32))
+  for i in range(4):
+    out |= pool[(sel >> (4 * i)) & 7] << np.uint32(8 * i)
+  return out
+
+
+def _unpack_bf16x2(word) -> tuple[np.ndarray, np.ndarray]:
+  w = np.asarray(word, np.uint32)
+  return _bf16_bits_to_f32(w & np.uint32(0xFFFF)), _bf16_bits_to_f32(w >> np.uint32(16))
+
+
+class _SmemImage:
+  """One pipeline slot as TMA leaves it: logical bytes, swizzled by absolute address when asked."""
+
+  def __init__(self, logical: np.ndarray, base: int, swizzled: bool):
+    flat = np.ascontiguousarray(logical).view(np.uint8).reshape(-1)
+    self.line0 = (base >> 7) & 7
+    self.bytes = np.zeros_like(flat)
+    idx = np.arange(flat.size)
+    self.bytes[swizzle(idx, self.line0) if swizzled else idx] = flat
+
+
+class _NumpyOps:
+  def __init__(self):
+    self.tid = np.arange(128, dtype=np.uint32)
+    self.mask = np.ones(128, bool)
+
+  def load(self, buf: _SmemImage, offset, n: int, swizzled: bool):
+    offset = np.asarray(offset, np.int64)
+    if swizzled:
+      offset = swizzle(offset, buf.line0)
+    assert np.all(offset % (4 * n) == 0), "misaligned vector load"
+    raw = buf.bytes[offset[:, None] + np.arange(4 * n)]
+    return list(np.ascontiguousarray(raw).view(np.uint32).T)
+
+  def load_u8(self, buf: _SmemImage, offset):
+    return buf.bytes[np.asarray(offset, np.int64)].astype(np.uint32)
+
+  def min(self, a, b):
+    return np.minimum(a, np.uint32(b))
+
+  def prmt(self, a, b, sel):
+    return prmt_np(a, b, sel)
+
+  def release(self):
+    pass
+
+  def barrier(self):
+    pass
+
+  def scale_splats(self, two_bytes):
+    return scale_splats_np(two_bytes)
+
+  def decode(self, word, splat, variant):
+    del variant  # both variants compute the same bits
+    return decode_word_np(word, splat)
+
+  def mma(self, a, b, c):
+    """m16n8k16 on fragments: a rows (g, g+8) x k (2q, 2q+8), b k (2q, 2q+8) x col g, c (g, 2q)."""
+    lane = self.tid & 31
+    g, q = lane >> 2, lane & 3
+    out = [np.zeros(128, np.float32) for _ in range(4)]
+    for w in range(4):
+      sel = slice(32 * w, 32 * w + 32)
+      A = np.zeros((16, 16), np.float64)
+      B = np.zeros((16, 8), np.float64)
+      C = np.zeros((16, 8), np.float64)
+      gg, qq = g[sel], q[sel]
+      for reg, (dr, dk) in zip(a, ((0, 0), (8, 0), (0, 8), (8, 8)), strict=True):
+        lo, hi = _unpack_bf16x2(reg[sel])
+        A[gg + dr, 2 * qq + dk] = lo
+        A[gg + dr, 2 * qq + dk + 1] = hi
+      for reg, dk in zip(b, (0, 8), strict=True):
+        lo, hi = _unpack_bf16x2(reg[sel])
+        B[2 * qq + dk, gg] = lo
+        B[2 * qq + dk + 1, gg] = hi
+      for idx, (dr, dc) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
+        C[gg + dr, 2 * qq + dc] = c[idx][sel]
+      D = (A @ B + C).astype(np.float32)
+      for idx, (dr, dc) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
+        out[idx][sel] = D[gg + dr, 2 * qq + dc]
+    return out
+
+  def red_store(self, red, warp, row, col, val):
+    red[warp, row, col] = val
+
+  def red_load(self, red, warp, row, col):
+    return red[warp, row, col]
+
+  @contextlib.contextmanager
+  def only_warp(self, w: int):
+    self.mask = (self.tid >> 5) == w
+    yield
+    self.mask = np.ones(128, bool)
+
+  def out_factor(self, g_ref, row, divides):
+    g = np.asarray(g_ref, np.float32)[row]
+    return np.float32(OUT_SCALE) / g if divides else np.float32(OUT_SCALE) * g
+
+  def fadd(self, a, b):
+    return (np.asarray(a, np.float32) + b).astype(np.float32)
+
+  def fmul(self, a, b):
+    return (np.asarray(a, np.float32) * b).astype(np.float32)
+
+  def store_if_below(self, o_ref, col, row, val, m):
+    ok = (col < m) & self.mask
+    o_ref[col[ok], row[ok]] = val[ok]
+
+
+def _row_start(blk: int, n: int, tile_n: int):
+  """First row of a CTA; the last CTA is pulled back to end at N (its overlap is recomputed)."""
+  return min(blk * tile_n, n - tile_n)
+
+
+def emulate(x_MK, w: NVFP4Weight, config: TuningConfig | None = None) -> np.ndarray:
+  """The kernel's exact data movement and arithmetic on numpy; returns f32 [M, N] (pre-bf16).
+
+  Slot i of each pipeline buffer sits at i * slot bytes from a 1024-aligned allocation, as in
+  Pallas, so x slots of odd M exercise the swizzle on 512-aligned addresses.
+  """
+  x_MK = np.asarray(x_MK)
+  m, k = x_MK.shape
+  n = w.shape[1]
+  config = config or default_config(m, k, n)
+  config.check(m, k, n)
+  tn = config.tile_n
+  nb, nt = tn // BLOCK_ROWS, 1 if m <= 8 else 2
+  packed = np.asarray(w.packed_NP).reshape(n, k // TILE_K, TILE_K // 2)
+  scales = np.asarray(w.scales_NG).view(np.uint8).reshape(n, k // TILE_K, TILE_K // GROUP)
+  x = np.asarray(x_MK.astype(ml_dtypes.bfloat16)).reshape(m, k // TILE_K, TILE_K)
+  g_N = np.asarray(w.global_scale_N, np.float32)
+  ops = _NumpyOps()
+  out = np.zeros((config.split_k, m, n), np.float32)
+  steps = k // TILE_K // config.split_k
+  stages = min(config.max_concurrent_steps, steps)
+  for blk in range(math.ceil(n / tn)):
+    rows = slice(_row_start(blk, n, tn), _row_start(blk, n, tn) + tn)
+    for split in range(config.split_k):
+      acc = {
+        (b, j): [np.zeros(128, np.float32) for _ in range(4)] for b in range(nb) for j in range(nt)
+      }
+      for step in range(split * steps, (split + 1) * steps):
+        slot = (step - split * steps) % stages
+        w_buf = _SmemImage(packed[rows, step], slot * packed[rows, step].nbytes, swizzled=True)
+        s_buf = _SmemImage(scales[rows, step], slot * scales[rows, step].nbytes, swizzled=False)
+        x_buf = _SmemImage(x[:, step], slot * x[:, step].nbytes, swizzled=True)
+        acc = _step(ops, nb, nt, m, w_buf, s_buf, x_buf, acc, config.decode)
+      red = np.full((4, tn, 8 * nt), np.nan, np.float32)
+      _epilogue(ops, nb, nt, m, acc, red, g_N[rows], out[split][:, rows], w.global_divides)
+  return out.sum(0)
+
+
+def bank_conflicts(config: TuningConfig, m: int, slot_base: int = 0) -> dict[str, int]:
+  """Extra SMEM wavefronts per step over all warps' loads, by buffer (0 = conflict-free)."""
+  tid = np.arange(128, dtype=np.int64)
+  warp, g, q = _lanes(tid)
+  chunk, half = _k_chunk(warp, q)
+  line0 = (slot_base >> 7) & 7
+
+  def wavefronts(addr, nbytes):
+    # A warp's 16-byte loads go in 4 phases of 8 lanes, 8-byte in 2 of 16, smaller in 1 (32 banks).
+    lanes_per_phase = min(32, 128 // nbytes)
+    extra = 0
+    for w in range(4):
+      a = addr[32 * w : 32 * w + 32]
+      for p in range(0, 32, lanes_per_phase):
+        words = {
+          (int(x) // 4 + i) for x in a[p : p + lanes_per_phase] for i in range(max(1, nbytes // 4))
+        }
+        banks: dict[int, set[int]] = {}
+        for word in words:
+          banks.setdefault(word % 32, set()).add(word)
+        extra += max(len(v) for v in banks.values()) - 1
+    return extra
+
+  out = {"w": 0, "s": 0, "x": 0}
+  for b in range(config.tile_n // BLOCK_ROWS):
+    for i in range(2):
+      row = g + (BLOCK_ROWS * b + 8 * i)
+      out["w"] += wavefronts(swizzle(w_offset(row, chunk, half), line0), 8)
+      out["s"] += wavefronts(s_offset(row, chunk, half), 1)
+  for j in range(1 if m <= 8 else 2):
+    n = np.minimum(g + 8 * j, m - 1)
+    for u in range(2):
+      out["x"] += wavefronts(swizzle(x_offset(n, chunk, half, u), line0), 16)
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# MLIR emitter.
+
+
+def _mlir():
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import arith, llvm, memref, scf, vector
+
+  return ir, arith, llvm, memref, scf, vector, mgpu_utils
+
+
+class _I32:
+  """An i32 MLIR value with Python operators, so the address formulas above emit arith ops."""
+
+  def __init__(self, v):
+    self.v = v
+
+  @staticmethod
+  def _val(o):
+    ir, arith = _mlir()[:2]
+    if isinstance(o, _I32):
+      return o.v
+    i32 = ir.IntegerType.get_signless(32)
+    return arith.constant(i32, ir.IntegerAttr.get(i32, int(o)))
+
+  def _bin(self, op, o, swap=False):
+    a, b = self._val(self), self._val(o)
+    return _I32(op(b, a) if swap else op(a, b))
+
+  def __add__(self, o):
+    return self._bin(_mlir()[1].addi, o)
+
+  def __radd__(self, o):
+    return self._bin(_mlir()[1].addi, o, swap=True)
+
+  def __mul__(self, o):
+    return self._bin(_mlir()[1].muli, o)
+
+  def __rmul__(self, o):
+    return self._bin(_mlir()[1].muli, o, swap=True)
+
+  def __and__(self, o):
+    return self._bin(_mlir()[1].andi, o)
+
+  def __or__(self, o):
+    return self._bin(_mlir()[1].ori, o)
+
+  def __xor__(self, o):
+    return self._bin(_mlir()[1].xori, o)
+
+  def __lshift__(self, o):
+    return self._bin(_mlir()[1].shli, o)
+
+  def __rshift__(self, o):
+    return self._bin(_mlir()[1].shrui, o)
+
+
+class _MlirOps:
+  def __init__(self):
+    ir, *_, mgpu_utils = _mlir()
+    self.i32 = ir.IntegerType.get_signless(32)
+    self.f32 = ir.F32Type.get()
+    self.tid = _I32(mgpu_utils.thread_idx())
+
+  def smem(self, ref, slot_bytes: int):
+    """(base pointer, base line % 8). Pallas aligns SMEM allocations to 1024 bytes, so the line
+    is a constant 0 when slots are 1024-byte multiples; x slots of odd M read it off the address."""
+    ir, arith, llvm, *_, mgpu_utils = _mlir()
+    ptr = mgpu_utils.memref_ptr(ref)
+    if slot_bytes % 1024 == 0:
+      return ptr, 0
+    addr = arith.trunci(self.i32, llvm.ptrtoint(ir.IntegerType.get_signless(64), ptr))
+    return ptr, (_I32(addr) >> 7) & 7
+
+  def _ptr(self, buf, offset, swizzled):
+    ir, *_, mgpu_utils = _mlir()
+    ptr, line0 = buf
+    if swizzled:
+      offset = swizzle(offset, line0)
+    return mgpu_utils.getelementptr(ptr, [offset.v], ir.IntegerType.get_signless(8))
+
+  def load(self, buf, offset, n: int, swizzled: bool):
+    ir, _, llvm, *_, vector, _ = _mlir()
+    p = self._ptr(buf, offset, swizzled)
+    vec = llvm.load(ir.VectorType.get((n,), self.i32), p, alignment=4 * n)
+    return [
+      vector.extract(vec, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([i]))
+      for i in range(n)
+    ]
+
+  def load_u8(self, buf, offset):
+    ir, arith, llvm, *_ = _mlir()
+    byte = llvm.load(ir.IntegerType.get_signless(8), self._ptr(buf, offset, False), alignment=1)
+    return _I32(arith.extui(self.i32, byte))
+
+  def min(self, a, b):
+    return _I32(_mlir()[1].minui(a.v, _I32._val(b)))
+
+  def prmt(self, a, b, sel):
+    mgpu_utils = _mlir()[-1]
+    return mgpu_utils.inline_ptx(f"prmt.b32 $0, $1, $2, {sel:#x};", a, b, result_types=self.i32)
+
+  def release(self):
+    _mlir()[-1].warpgroup_barrier()
+
+  def barrier(self):
+    _mlir()[-1].warpgroup_barrier()
+
+  def scale_splats(self, two_bytes):
+    return _mlir()[-1].inline_ptx(SCALE_PTX, two_bytes.v, result_types=[self.i32] * 2)
+
+  def decode(self, word, splat, variant):
+    return _mlir()[-1].inline_ptx(DECODE_PTX[variant], word, splat, result_types=[self.i32] * 4)
+
+  def mma(self, a, b, c):
+    return list(_mlir()[-1].inline_ptx(MMA_PTX, *a, *b, *c, result_types=[self.f32] * 4))
+
+  def _index(self, v):
+    ir, arith, *_ = _mlir()
+    return arith.index_cast(ir.IndexType.get(), _I32._val(v))
+
+  def red_store(self, red, warp, row, col, val):
+    _mlir()[3].store(val, red, [self._index(warp), self._index(row), self._index(col)])
+
+  def red_load(self, red, warp, row, col):
+    return _mlir()[3].load(red, [self._index(warp), self._index(row), self._index(col)])
+
+  @contextlib.contextmanager
+  def only_warp(self, w: int):
+    ir, arith, _, _, scf, *_ = _mlir()
+    warp = _lanes(self.tid)[0]
+    if_op = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, warp.v, _I32._val(w)))
+    with ir.InsertionPoint(if_op.then_block):
+      yield
+      scf.yield_([])
+
+  def out_factor(self, g_ref, row, divides):
+    ir, arith, _, memref, *_ = _mlir()
+    g = memref.load(g_ref, [self._index(row)])
+    k = arith.constant(self.f32, ir.FloatAttr.get(self.f32, OUT_SCALE))
+    return arith.divf(k, g) if divides else arith.mulf(k, g)
+
+  def fadd(self, a, b):
+    return _mlir()[1].addf(a, b)
+
+  def fmul(self, a, b):
+    return _mlir()[1].mulf(a, b)
+
+  def store_if_below(self, o_ref, col, row, val, m):
+    ir, arith, _, memref, scf, *_ = _mlir()
+    elt = ir.MemRefType(o_ref.type).element_type
+    if elt != self.f32:
+      val = arith.truncf(elt, val)
+    if_op = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, col.v, _I32._val(m)))
+    with ir.InsertionPoint(if_op.then_block):
+      memref.store(val, o_ref, [self._index(col), self._index(row)])
+      scf.yield_([])
+
+
+def _acc_unpack(fa, nb: int, nt: int):
+  """The carried accumulator is a [64 nb, 8 nt] WGMMA-layout array only as a register container:
+  register (b, j, i) holds this warp's partial C fragment (rows g + 8 i of block b, tokens j)."""
+  ir, *_, vector, _ = _mlir()
+  regs = fa.registers.reshape(nb, nt, 2)
+
+  def el(v, e):
+    return vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([e]))
+
+  return {
+    (b, j): [el(regs[b, j, 0], 0), el(regs[b, j, 0], 1), el(regs[b, j, 1], 0), el(regs[b, j, 1], 1)]
+    for b in range(nb)
+    for j in range(nt)
+  }
+
+
+def _acc_pack(acc, like, nb: int, nt: int):
+  import jax.experimental.mosaic.gpu as mgpu
+
+  ir, *_, vector, _ = _mlir()
+  v2 = ir.VectorType.get((2,), ir.F32Type.get())
+  regs = np.empty((nb, nt, 2), dtype=object)
+  for (b, j), c in acc.items():
+    regs[b, j, 0] = vector.from_elements(v2, c[0:2])
+    regs[b, j, 1] = vector.from_elements(v2, c[2:4])
+  return mgpu.FragmentedArray(
+    _registers=regs.reshape(like.registers.shape), _layout=like.layout, _is_signed=None
+  )
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernel.
+
+_SWIZZLED = (plgpu.SwizzleTransform(128),)
+
+
+def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax.Array:
+  m, k = x_MK.shape
+  n = w.shape[1]
+  config.check(m, k, n)
+  tn, splits = config.tile_n, config.split_k
+  nb, nt = tn // BLOCK_ROWS, 1 if m <= 8 else 2
+  steps = k // TILE_K // splits
+  acc_shape = (64 * nb, 8 * nt)
+  acc_type = plgpu.ShapeDtypeStruct(acc_shape, jnp.float32, layout=plgpu.Layout.WGMMA)
+
+  @plgpu.inline_mgpu(
+    arg_types=(
+      plgpu.RefType(_SWIZZLED),
+      plgpu.RefType(),
+      plgpu.RefType(_SWIZZLED),
+      plgpu.Layout.WGMMA,
+    ),
+    return_type=acc_type,
+  )
+  def step(ctx, w_ref, s_ref, x_ref, acc_fa):
+    del ctx
+    ops = _MlirOps()
+    w_buf = ops.smem(w_ref, tn * TILE_K // 2)
+    s_buf = ops.smem(s_ref, 1024)  # never swizzled
+    x_buf = ops.smem(x_ref, m * TILE_K * 2)
+    acc = _step(ops, nb, nt, m, w_buf, s_buf, x_buf, _acc_unpack(acc_fa, nb, nt), config.decode)
+    return _acc_pack(acc, acc_fa, nb, nt)
+
+  @plgpu.inline_mgpu(
+    arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(), plgpu.RefType(), plgpu.RefType())
+  )
+  def epilogue(ctx, acc_fa, red_ref, g_ref, o_ref):
+    del ctx
+    ops = _MlirOps()
+    acc = _acc_unpack(acc_fa, nb, nt)
+    _epilogue(ops, nb, nt, m, acc, red_ref, g_ref, o_ref, w.global_divides)
+
+  def kernel(x_gmem, w_gmem, s_gmem, g_gmem, o_gmem):
+    rows = pl.ds(jnp.minimum(jax.lax.axis_index("n") * tn, n - tn), tn)
+    k0 = jax.lax.axis_index("k") * steps
+
+    def body(_, w_smem, s_smem, x_smem, acc):
+      return step(w_smem, s_smem, x_smem, acc)
+
+    pipeline = plgpu.emit_pipeline(
+      body,
+      grid=(steps,),
+      in_specs=[
+        plgpu.BlockSpec((tn, 1, TILE_K // 2), lambda i: (0, k0 + i, 0), transforms=_SWIZZLED),
+        plgpu.BlockSpec((tn, 1, TILE_K // GROUP), lambda i: (0, k0 + i, 0)),
+        plgpu.BlockSpec((m, TILE_K // 64, 64), lambda i: (0, k0 + i, 0), transforms=_SWIZZLED),
+      ],
+      max_concurrent_steps=min(config.max_concurrent_steps, steps),
+      init_carry=plgpu.layout_cast(jnp.zeros(acc_shape, jnp.float32), plgpu.Layout.WGMMA),
+    )
+    acc = pipeline(w_gmem.at[rows], s_gmem.at[rows], x_gmem)
+    out = o_gmem.at[:, rows] if splits == 1 else o_gmem.at[jax.lax.axis_index("k"), :, rows]
+    # The pipeline's buffers are free again here, so the reduction scratch reuses their SMEM.
+    pl.run_scoped(
+      lambda red: epilogue(acc, red, g_gmem.at[rows], out),
+      plgpu.SMEM((4, tn, 8 * nt), jnp.float32),
+    )
+
+  out_type = (
+    jax.ShapeDtypeStruct((m, n), jnp.bfloat16)
+    if splits == 1
+    else jax.ShapeDtypeStruct((splits, m, n), jnp.float32)
+  )
+  call = plgpu.kernel(
+    kernel,
+    out_type=out_type,
+    grid=(math.ceil(n / tn), splits),
+    grid_names=("n", "k"),
+    compiler_params=plgpu.CompilerParams(
+      lowering_semantics=plgpu.LoweringSemantics.Lane,
+      # SMEM is only read by threads and written by TMA; `_step` syncs the warpgroup itself once
+      # its reads of a slot are done, before the pipeline refills that slot.
+      unsafe_no_auto_barriers=True,
+    ),
+  )
+  # Row-major reshapes: free in XLA, and they give TMA one 128-byte line per block row.
+  out = call(
+    x_MK.astype(jnp.bfloat16).reshape(m, k // 64, 64),
+    w.packed_NP.reshape(n, k // TILE_K, TILE_K // 2),
+    w.scales_NG.reshape(n, k // TILE_K, TILE_K // GROUP),
+    w.global_scale_N.astype(jnp.float32),
+  )
+  return out if splits == 1 else out.sum(0).astype(jnp.bfloat16)
+
+
+# ------------------------------------------------------------------------------------------------
+# Public entry points.
+
+
+def reference(x_MK: jax.Array, w: NVFP4Weight) -> jax.Array:
+  """Plain jnp: dequantize to f32, f32 matmul, bf16 result."""
+  w_KN = w.dequantize(jnp.float32)
+  y = jnp.dot(x_MK.astype(jnp.float32), w_KN, precision=jax.lax.Precision.HIGHEST)
+  return y.astype(jnp.bfloat16)
+
+
+def xla_matmul(x_MK: jax.Array, w: NVFP4Weight) -> jax.Array:
+  """The fallback: XLA dequantizes to bf16 and runs its own dot (slow on GPU: DESIGN.md 9)."""
+  return jnp.dot(x_MK.astype(jnp.bfloat16), w.dequantize(jnp.bfloat16)).astype(jnp.bfloat16)
+
+
+def supported(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig | None = None) -> bool:
+  if x_MK.ndim != 2 or w.packed_NP.ndim != 2 or jax.default_backend() != "gpu":
+    return False
+  m, k = x_MK.shape
+  n = w.shape[1]
+  try:
+    (config or default_config(m, k, n)).check(m, k, n)
+  except ValueError:
+    return False
+  return True
+
+
+@functools.partial(jax.jit, static_argnames=("config", "implementation"))
+def nvfp4_matmul(
+  x_MK: jax.Array,
+  w: NVFP4Weight,
+  *,
+  config: TuningConfig | None = None,
+  implementation: str | None = None,
+) -> jax.Array:
+  """x [M, K] @ w (K, N) -> bf16 [M, N]; the Mosaic GPU kernel where it applies, else XLA.
+
+  implementation: None (kernel if supported, else XLA), "mosaic" (kernel or raise), "xla".
+  """
+  m, k = x_MK.shape
+  n = w.shape[1]
+  if implementation == "xla" or (implementation is None and not supported(x_MK, w, config)):
+    return xla_matmul(x_MK, w)
+  if implementation not in (None, "mosaic"):
+    raise ValueError(f"unknown implementation {implementation!r}")
+  return _mosaic_matmul(x_MK, w, config or default_config(m, k, n))
+
+
+# ------------------------------------------------------------------------------------------------
+# Benchmark.
+
+
+def random_weight(key, k: int, n: int, copies: int = 1) -> NVFP4Weight:
+  """Random codes, E4M3 block scales spread over [2^-6, 2^6], global scale per column."""
+  k1, k2, k3 = jax.random.split(key, 3)
+  lead = (copies,) if copies > 1 else ()
+  packed = jax.random.bits(k1, (*lead, n, k // 2), jnp.uint8)
+  scales = jnp.exp2(jax.random.uniform(k2, (*lead, n, k // GROUP), minval=-6, maxval=6))
+  g = jax.random.uniform(k3, (*lead, n), minval=0.5, maxval=2.0)
+  return NVFP4Weight(packed, scales.astype(jnp.float8_e4m3fn), g)
+
+
+def rel_err(y, ref) -> float:
+  y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+  return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+def _call_times_us(fn, args, calls: int, iterations: int) -> list[float]:
+  """Device time per call: CUPTI's summed kernel time per run / calls; wall clock without CUPTI."""
+  from jax.experimental.mosaic.gpu import profiler
+
+  try:
+    _, runs = profiler.measure(fn, iterations=iterations)(*args)
+    return [1e3 * t / calls for t in (runs if isinstance(runs, list) else [runs])]
+  except Exception as e:  # noqa: BLE001 -- CUPTI may be unavailable; fall back to wall clock
+    print(f"  CUPTI unavailable ({type(e).__name__}: {e}); using wall clock", file=sys.stderr)
+  jax.block_until_ready(fn(*args))
+  t0 = time.perf_counter()
+  for _ in range(iterations):
+    jax.block_until_ready(fn(*args))
+  return [1e6 * (time.perf_counter() - t0) / iterations / calls]
+
+
+def bench_shape(k: int, n: int, ms, copies: int, iterations: int, configs) -> list[dict]:
+  """Times the kernel and XLA's bf16 dot on `copies` weight sets (more than L2 holds)."""
+  rows = []
+  key = jax.random.key(k * 131 + n)
+  ws = random_weight(key, k, n, copies)
+  w_list = [jax.tree.map(lambda a, c=c: a[c], ws) for c in range(copies)]
+  dense = jax.random.normal(jax.random.key(1), (copies, k, n), jnp.bfloat16)
+  dense_list = [dense[c] for c in range(copies)]
+  q_bytes = k * n // 2 + k * n // GROUP
+  for m in ms:
+    x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+    ref = reference(x, w_list[0])
+    xla_fn = jax.jit(lambda x, ds: [jnp.dot(x, d) for d in ds])
+    t_xla = statistics.median(_call_times_us(xla_fn, (x, dense_list), copies, iterations))
+    for config in configs or [default_config(m, k, n)]:
+      row = dict(m=m, k=k, n=n, config=config, xla_us=t_xla, xla_tbs=2 * k * n / t_xla / 1e6)
+      try:
+        one = jax.jit(functools.partial(nvfp4_matmul, config=config, implementation="mosaic"))
+        t0 = time.perf_counter()
+        compiled = one.lower(x, w_list[0]).compile()
+        row["compile_s"] = time.perf_counter() - t0
+        y = compiled(x, w_list[0])
+        row["rel_err"] = rel_err(y, ref)
+        chain = jax.jit(
+          lambda x, ws, config=config: [nvfp4_matmul(x, w, config=config) for w in ws]
+        )
+        t = statistics.median(_call_times_us(chain, (x, w_list), copies, iterations))
+        row.update(us=t, tbs=q_bytes / t / 1e6)
+      except Exception as e:  # noqa: BLE001 -- report the failure in the table and keep going
+        row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        print(f"FAILED m={m} k={k} n={n} {config}: {row['error']}", file=sys.stderr)
+      rows.append(row)
+      print(_format_row(row), flush=True)
+  return rows
+
+
+def _format_row(r: dict) -> str:
+  head = f"M={r['m']:2d} KxN={r['k']}x{r['n']} tile_n={r['config'].tile_n} "
+  head += f"stages={r['config'].max_concurrent_steps} split_k={r['config'].split_k} "
+  head += f"decode={r['config'].decode}"
+  xla = f"XLA bf16 {r['xla_us']:7.1f} us {r['xla_tbs']:.2f} TB/s"
+  if "error" in r:
+    return f"{head} | FAILED | {xla}"
+  return (
+    f"{head} | {r['us']:6.1f} us {r['tbs']:.2f} TB/s {100 * r['tbs'] / COPY_CEILING_TBS:3.0f}% "
+    f"| {xla} | x{r['xla_us'] / r['us']:.2f} | compile {r['compile_s']:.1f} s "
+    f"| rel_err {r['rel_err']:.1e}"
+  )
+
+
+def check(ms, k: int = 4096, n: int = 1024) -> bool:
+  """The kernel against `reference` on the GPU, default config and a split-K one; prints errors."""
+  ok = True
+  for config in (None, TuningConfig(48, 2, 2, decode=1)):
+    for m in ms:
+      w = random_weight(jax.random.key(m), k, n)
+      w = NVFP4Weight(w.packed_NP, w.scales_NG, w.global_scale_N, m % 2 == 0)
+      x = jax.random.normal(jax.random.key(m + 1), (m, k), jnp.bfloat16)
+      try:
+        y = nvfp4_matmul(x, w, config=config, implementation="mosaic")
+        err = rel_err(y, reference(x, w))
+        ok &= err < 1e-2
+        print(f"check M={m} K={k} N={n} {config}: rel_err {err:.2e}", flush=True)
+      except Exception as e:  # noqa: BLE001 -- print the compiler's message and go on
+        ok = False
+        print(f"check M={m} {config}: FAILED {type(e).__name__}: {str(e)[:3000]}", flush=True)
+  return ok
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--mode", default="all", choices=["check", "bench", "all"])
+  p.add_argument("--check_ms", default="1,3,8,16")
+  p.add_argument("--shapes", default="8192x28672,5120x17408", help="KxN list")
+  p.add_argument("--ms", default="1,4,8,16")
+  p.add_argument("--copies", type=int, default=4, help="weight sets cycled to defeat L2")
+  p.add_argument("--iterations", type=int, default=5)
+  p.add_argument("--tile_n", default="", help="comma list to sweep (default: heuristic)")
+  p.add_argument("--stages", default="4")
+  p.add_argument("--split_k", default="1")
+  p.add_argument("--decode", default="0", help="DECODE_PTX variants to sweep")
+  args = p.parse_args(argv)
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+  if args.mode in ("check", "all"):
+    check([int(m) for m in args.check_ms.split(",")])
+  if args.mode == "check":
+    return
+  rows = []
+  for shape in args.shapes.split(","):
+    k, n = map(int, shape.split("x"))
+    configs = [
+      TuningConfig(int(t), int(s), int(sk), int(d))
+      for t in args.tile_n.split(",")
+      if t
+      for s in args.stages.split(",")
+      for sk in args.split_k.split(",")
+      for d in args.decode.split(",")
+    ]
+    ms = [int(m) for m in args.ms.split(",")]
+    rows += bench_shape(k, n, ms, args.copies, args.iterations, configs)
+  print(
+    "\n| M | K x N | tile_n/stages/split_k/decode | us | TB/s | % of 4.24 | XLA bf16 us "
+    "| XLA TB/s ",
+    end="",
+  )
+  print("| XLA time / kernel time | compile s |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    c = r["config"]
+    cfg = f"{c.tile_n}/{c.max_concurrent_steps}/{c.split_k}/{c.decode}"
+    if "error" in r:
+      print(f"| {r['m']} | {r['k']}x{r['n']} | {cfg} | FAILED | | | {r['xla_us']:.1f} | | | |")
+      continue
+    print(
+      f"| {r['m']} | {r['k']}x{r['n']} | {cfg} | {r['us']:.1f} | {r['tbs']:.2f} "
+      f"| {100 * r['tbs'] / COPY_CEILING_TBS:.0f}% | {r['xla_us']:.1f} | {r['xla_tbs']:.2f} "
+      f"| {r['xla_us'] / r['us']:.2f} | {r['compile_s']:.1f} |"
+    )
+
+
+if __name__ == "__main__":
+  main()

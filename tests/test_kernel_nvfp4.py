@@ -1,0 +1,173 @@
+"""NVFP4 W4A16 GEMV kernel: decode bits, a bit-faithful CPU model of the kernel, lowering, GPU runs.
+
+The Mosaic GPU kernel emits PTX through `inline_mgpu`, so the Pallas GPU interpreter cannot run it.
+On CPU we check (1) the decode and scale bit tricks against E2M1/E4M3 for every code, (2) `emulate`
+(the kernel's own step/epilogue code on numpy lanes, with the TMA swizzle and mma fragments) against
+the jnp reference, (3) the shared-memory bank conflicts (none for codes and scales, 2-way for x)
+and that the checker would see a conflict, and (4) that the kernel lowers to a Mosaic GPU custom
+call for the cuda platform. `-m gpu` runs the kernel itself (needs JAX_PLATFORMS=cuda: conftest
+defaults to cpu).
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels_pallas import nvfp4_gemv as kern
+from specdec.quant import nvfp4
+
+# bf16 output of an f32 accumulation: one bf16 rounding (2^-9 relative) dominates; the reference
+# dequantizes in f32, the kernel in exact bf16 products, so the two agree far inside this.
+TOL = 1e-2
+
+
+def weight(k, n, seed=0, divides=False):
+  w = kern.random_weight(jax.random.key(seed), k, n)
+  return nvfp4.NVFP4Weight(w.packed_NP, w.scales_NG, w.global_scale_N, divides)
+
+
+def ref_f32(x, w):
+  return np.asarray(jnp.dot(x.astype(jnp.float32), w.dequantize(jnp.float32), precision="highest"))
+
+
+def test_decode_every_code_in_every_nibble():
+  codes = np.arange(16, dtype=np.uint32)
+  one = np.uint32(0x3F803F80)  # bf16x2 splat of 1.0
+  for pos in range(8):
+    words = codes << np.uint32(4 * pos)
+    pair = kern.decode_word_np(words, np.full(16, one))[pos % 4]
+    half = pair >> np.uint32(16) if pos >= 4 else pair & np.uint32(0xFFFF)
+    got = (half << np.uint32(16)).view(np.float32) * np.float32(2.0**126)
+    np.testing.assert_array_equal(got, nvfp4.E2M1_VALUES)
+
+
+def test_decode_times_scale_is_exact():
+  rng = np.random.default_rng(0)
+  words = rng.integers(0, 2**32, 256, dtype=np.uint64).astype(np.uint32)
+  scale_bytes = rng.integers(0, 0x7F, 256).astype(np.uint8)  # every finite positive E4M3
+  splats = kern.scale_splats_np(scale_bytes.astype(np.uint32))[0]
+  scales = scale_bytes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+  for p, pair in enumerate(kern.decode_word_np(words, splats)):
+    for half, nib in ((pair & np.uint32(0xFFFF), p), (pair >> np.uint32(16), p + 4)):
+      got = (half << np.uint32(16)).view(np.float32) * np.float32(kern.OUT_SCALE)
+      code = (words >> np.uint32(4 * nib)) & np.uint32(0xF)
+      np.testing.assert_array_equal(got, nvfp4.E2M1_VALUES[code] * scales)
+
+
+def test_decode_variant_1_computes_the_same_bits():
+  # DECODE_PTX[1] shifts q right by a byte once, then treats pairs 2, 3 like pairs 0, 1; with a
+  # splat of 1.0 the multiply is the identity, so decode_word_np must return exactly these bits.
+  u32 = np.uint32
+  words = np.random.default_rng(1).integers(0, 2**32, 1024, dtype=np.uint64).astype(u32)
+
+  def pair_bits(q, a_shift, b_shift):
+    return ((q << u32(a_shift)) & u32(0x80008000)) | ((q << u32(b_shift)) & u32(0x01C001C0))
+
+  r = words >> u32(8)
+  variant_1 = [
+    pair_bits(words, 12, 6),
+    pair_bits(words, 8, 2),
+    pair_bits(r, 12, 6),
+    pair_bits(r, 8, 2),
+  ]
+  one = np.full(words.shape, u32(0x3F803F80))
+  for got, want in zip(kern.decode_word_np(words, one), variant_1, strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_scale_splats_cover_all_e4m3():
+  b = np.arange(0x7F, dtype=np.uint32)  # 0x7F is NaN
+  want = b.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.float32(2.0**118)
+  for shift, splat in zip((0, 8), kern.scale_splats_np(b | (b[::-1] << np.uint32(8))), strict=True):
+    assert np.all((splat >> np.uint32(16)) == (splat & np.uint32(0xFFFF)))
+    got = ((splat & np.uint32(0xFFFF)) << np.uint32(16)).view(np.float32)
+    np.testing.assert_array_equal(got, want if shift == 0 else want[::-1])
+
+
+def test_prmt_pairs_k_and_k_plus_4():
+  x0, x1, x2, x3 = (np.array([v], np.uint32) for v in (0x00010000, 0x00030002, 0x00050004, 0x70006))
+  assert kern.prmt_np(x0, x2, kern.PAIR_LO)[0] == 0x00040000
+  assert kern.prmt_np(x0, x2, kern.PAIR_HI)[0] == 0x00050001
+  assert kern.prmt_np(x1, x3, kern.PAIR_LO)[0] == 0x00060002
+
+
+@pytest.mark.parametrize(
+  "m,k,n,config,divides",
+  [
+    (1, 512, 256, kern.TuningConfig(112), False),  # last CTA pulled back over the previous one
+    (3, 512, 144, kern.TuningConfig(48, 2, decode=1), True),
+    (8, 768, 256, kern.TuningConfig(128, 2, split_k=3), False),
+    (13, 512, 120, kern.TuningConfig(16, 3, split_k=2), True),
+    (16, 1024, 200, None, False),
+  ],
+)
+def test_emulated_kernel_matches_reference(m, k, n, config, divides):
+  w = weight(k, n, seed=m, divides=divides)
+  x = jax.random.normal(jax.random.key(m + 100), (m, k), jnp.bfloat16)
+  y = kern.emulate(x, w, config)
+  assert kern.rel_err(y, ref_f32(x, w)) < 1e-5  # f32 accumulation on both sides
+
+
+@pytest.mark.parametrize("m", [1, 4, 5, 8, 9, 16])
+@pytest.mark.parametrize("tile_n", [16, 48, 112])
+def test_shared_memory_reads_are_conflict_free(m, tile_n):
+  # Codes and scales: none. x: each 16-byte x read is 2-way (lanes 4 apart in K share banks),
+  # 2 or 4 such reads per warp and step against 2 tile_n / 16 code reads.
+  x_reads = 4 * 2 * (1 if m <= 8 else 2)  # warps x reads per lane
+  for base in (0, 512):  # x slots of odd M start at 512-byte offsets
+    got = kern.bank_conflicts(kern.TuningConfig(tile_n), m, slot_base=base)
+    assert got == {"w": 0, "s": 0, "x": 4 * x_reads}  # 4 phases, one extra wavefront each
+
+
+def test_conflict_checker_sees_unswizzled_reads(monkeypatch):
+  monkeypatch.setattr(kern, "swizzle", lambda offset, line0: offset)
+  assert kern.bank_conflicts(kern.TuningConfig(128), 8)["w"] > 0
+
+
+def test_default_config_balances_the_chip():
+  assert kern.default_config(1, 8192, 28672) == kern.TuningConfig(112)  # 256 CTAs, <= 2 per SM
+  assert kern.default_config(1, 5120, 17408) == kern.TuningConfig(48)  # 363 CTAs, <= 3 per SM
+  c = kern.default_config(1, 4096, 1024)  # too few rows for 132 SMs: split K
+  assert c.split_k > 1 and -(-1024 // c.tile_n) * c.split_k >= 100
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 8192, 28672), (16, 5120, 17408), (5, 4096, 4096)])
+def test_kernel_lowers_for_cuda_on_cpu(m, k, n):
+  w = jax.eval_shape(lambda: kern.random_weight(jax.random.key(0), k, n))
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  config = kern.default_config(m, k, n)
+  fn = jax.jit(lambda x, w: kern._mosaic_matmul(x, w, config))
+  text = jax.export.export(fn, platforms=["cuda"])(x, w).mlir_module()
+  assert "mosaic_gpu" in text
+
+
+def test_dispatch_falls_back_to_xla_on_cpu():
+  w = weight(512, 128)
+  x = jax.random.normal(jax.random.key(0), (4, 512), jnp.bfloat16)
+  y = kern.nvfp4_matmul(x, w)
+  assert y.dtype == jnp.bfloat16
+  assert kern.rel_err(y, ref_f32(x, w)) < TOL
+  assert kern.rel_err(kern.reference(x, w), ref_f32(x, w)) < TOL
+
+
+def test_bad_shapes_are_rejected():
+  with pytest.raises(ValueError, match="m=17"):
+    kern.TuningConfig().check(17, 512, 128)
+  with pytest.raises(ValueError, match="multiple of 16"):
+    kern.TuningConfig(120).check(1, 512, 192)
+  with pytest.raises(ValueError, match="divisible by 256"):
+    kern.TuningConfig().check(1, 384, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 15, 16])
+@pytest.mark.parametrize(
+  "k,n,config", [(4096, 1024, None), (1024, 512, kern.TuningConfig(64, 2, 2))]
+)
+def test_kernel_matches_reference_on_gpu(m, k, n, config):
+  w = weight(k, n, seed=m, divides=m % 2 == 0)
+  x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+  y = kern.nvfp4_matmul(x, w, config=config, implementation="mosaic")
+  assert kern.rel_err(y, ref_f32(x, w)) < TOL
