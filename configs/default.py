@@ -20,7 +20,7 @@ def get_config():
   c.dtype = "float32"  # CPU default; bfloat16 on GPU
   c.workload = "humaneval"
   c.n_prompts = 4  # request 0 of each leg is warm-up
-  c.max_new_tokens = 64
+  c.max_new_tokens = 48
   c.legs = 2
   c.seed = 0
   # Axes: the sweep runs their product (the no-draft arm always, at k = 0).
