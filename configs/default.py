@@ -19,7 +19,8 @@ def get_config():
   )
   c.dtype = "float32"  # CPU default; bfloat16 on GPU
   c.workload = "humaneval"
-  c.n_prompts = 4  # request 0 of each leg is warm-up
+  c.chat_template = False  # True: prompts go through the target's chat template (raw otherwise)
+  c.n_prompts = 3  # request 0 of each leg is warm-up
   c.max_new_tokens = 48
   c.legs = 2
   c.seed = 0

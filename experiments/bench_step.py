@@ -9,11 +9,14 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import specdec
+from configs import default
 from specdec import bench
 from specdec.models.config import from_hf_dict
+from specdec.sweep import load_drafter, resolve_path
 
 _TARGET = flags.DEFINE_string("target", None, "target checkpoint; default: a random model")
 _DRAFT = flags.DEFINE_string("draft", None, "draft-LM checkpoint (adds the draft_lm rows)")
+_ZOO = flags.DEFINE_bool("zoo", False, "the zoo target and every zoo drafter (overrides --target)")
 _KS = flags.DEFINE_list("ks", ["1", "4", "8"], "draft budgets")
 _BATCH = flags.DEFINE_integer("batch", 1, "rows decoded together")
 _PROMPT = flags.DEFINE_integer("prompt_tokens", 64, "context length at the start")
@@ -28,7 +31,9 @@ _SHAPE = flags.DEFINE_string(
 def main(argv):
   del argv
   dtype = jnp.dtype(_DTYPE.value)
-  if _TARGET.value:
+  if _ZOO.value:
+    target = specdec.load(resolve_path("zoo:target"), dtype=dtype)
+  elif _TARGET.value:
     target = specdec.load(_TARGET.value, dtype=dtype)
   else:
     kw = {k: int(v) for k, v in (kv.split("=") for kv in _SHAPE.value.split(","))}
@@ -37,9 +42,16 @@ def main(argv):
   drafters = {"ngram": specdec.drafters.ngram()}
   if _DRAFT.value:
     drafters["draft_lm"] = specdec.drafters.draft_lm(specdec.load(_DRAFT.value, dtype=dtype))
+  if _ZOO.value:
+    cfg = default.get_config()
+    for name, spec in cfg.checkpoints.items():
+      drafters[name] = load_drafter(name, spec, target, dtype)
   print(f"device={jax.devices()[0].device_kind} batch={_BATCH.value} ctx={_PROMPT.value}")
-  print("| drafter | k | step us | draft us | verify us | accept+commit us | loop us |")
-  print("|---|---:|---:|---:|---:|---:|---:|")
+  print(
+    "| drafter | k | step us | draft us | verify us | accept+commit us | loop us "
+    "| draft/token in target fwds |"
+  )
+  print("|---|---:|---:|---:|---:|---:|---:|---:|")
   for name, drafter in drafters.items():
     for k in map(int, _KS.value):
       shape = bench.Shape(_BATCH.value, k, _PROMPT.value, _STEPS.value)
@@ -47,7 +59,7 @@ def main(argv):
       us = {key: f"{1e6 * v:.1f}" for key, v in t.items()}
       print(
         f"| {name} | {k} | {us['step']} | {us['draft']} | {us['verify']} | "
-        f"{us['accept_commit']} | {us['loop']} |"
+        f"{us['accept_commit']} | {us['loop']} | {t['draft_per_token_vs_target']:.3f} |"
       )
 
 

@@ -33,7 +33,15 @@ def main(argv):
     }
   parse, body = zoo_quality.humaneval_syntax(target, n=_N.value)
   out["humaneval_parse"], out["humaneval_parse_nonempty"] = parse, body
-  drafters = {"ngram": specdec.drafters.ngram(), "draft_lm": specdec.drafters.draft_lm(draft)}
+  d = specdec.drafters
+  drafters = {
+    "ngram": d.ngram(),
+    "draft_lm": d.draft_lm(draft),
+    "mtp": d.load_mtp(resolve_path("zoo:mtp"), target),
+    "eagle3": d.load_eagle3(resolve_path("zoo:eagle3"), target),
+    "block8": d.load_block(resolve_path("zoo:block8"), target),
+    "block16": d.load_block(resolve_path("zoo:block16"), target),
+  }
   out["tau"] = zoo_quality.tau_table(target, drafters, n_prompts=_TAU_PROMPTS.value)
   print(json.dumps(out, indent=1))
 

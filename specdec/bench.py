@@ -5,6 +5,7 @@ dispatch (~60 us on a GPU) is spread over n and the per-iteration cost is what r
   step           decode_chunk: the whole draft -> verify -> accept -> commit
   draft          the drafter's propose alone
   verify         the target forward over k+1 positions alone
+  target_fwd     the target forward over one position (a plain decode step's forward)
   loop           a loop whose body only threads the state through (the loop's own overhead)
   accept_commit  step - draft - verify - loop (what the step adds around its two forwards)
 """
@@ -55,9 +56,9 @@ def _draft_loop(dparams, st, sc, n):
   return jax.lax.fori_loop(0, n, body, (st.draft, st.key, jnp.int32(0)))
 
 
-@functools.partial(jax.jit, static_argnames=("sc", "n"))
-def _verify_loop(params, st, sc, n):
-  positions_BK1 = st.lengths[:, None] - 1 + jnp.arange(sc.k + 1, dtype=jnp.int32)
+@functools.partial(jax.jit, static_argnames=("sc", "n", "width"))
+def _verify_loop(params, st, sc, n, width):
+  positions_BK1 = st.lengths[:, None] - 1 + jnp.arange(width, dtype=jnp.int32)
   tokens_BK1 = jnp.take_along_axis(st.tokens, positions_BK1, 1)
 
   def body(i, carry):
@@ -99,11 +100,14 @@ def time_step(model, drafter, shape: Shape, sampling=None, mode=None) -> dict:
     ),
     "prefill_only": _median_time(fresh, shape.reps),
     "draft": _median_time(lambda: _draft_loop(drafter.params, st, sc, n), shape.reps),
-    "verify": _median_time(lambda: _verify_loop(model.params, st, sc, n), shape.reps),
+    "verify": _median_time(lambda: _verify_loop(model.params, st, sc, n, k + 1), shape.reps),
+    "target_fwd": _median_time(lambda: _verify_loop(model.params, st, sc, n, 1), shape.reps),
     "loop": _median_time(lambda: _empty_loop(st, n), shape.reps),
   }
   # decode_chunk's figure includes a prefill: its state is donated, so each rep needs a fresh one.
   per = {key: v / n for key, v in out.items() if key != "prefill_only"}
   per["step"] = (out["step"] - out["prefill_only"]) / n
   per["accept_commit"] = per["step"] - per["draft"] - per["verify"] - per["loop"]
+  # What decides the draft-budget knee: a drafted token's cost in target forwards.
+  per["draft_per_token_vs_target"] = per["draft"] / (k * per["target_fwd"])
   return per

@@ -139,6 +139,18 @@ def validate(cfg, cells: list[Cell], max_positions: int, longest_prompt: int) ->
       raise SweepError(f"cell {c}: greedy acceptance needs temperature 0")
 
 
+def chat_template_of(path: str) -> str:
+  """The target's chat template (HF keeps it in tokenizer_config.json)."""
+  file = os.path.join(path, "tokenizer_config.json")
+  template = None
+  if os.path.exists(file):
+    with open(file) as f:
+      template = json.load(f).get("chat_template")
+  if not isinstance(template, str):
+    raise SweepError(f"config.chat_template=True, but {file} holds no chat_template string")
+  return template
+
+
 def method_kind(method: str) -> str:
   """Checkpointed methods are named by kind plus a suffix: block8, block16, draft_lm, mtp, ..."""
   for kind in ("block", "draft_lm", "mtp", "eagle3"):
@@ -182,6 +194,14 @@ class Runner:
     self._targets = {"bf16": target}
     self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n), **drafters}
     prompts = workload_lib.select(workload_lib.load_workload(cfg.workload), cfg.n_prompts)
+    if cfg.chat_template:
+      template = chat_template_of(resolve_path(cfg.target))
+      prompts = [
+        workload_lib.Prompt(
+          p.id, workload_lib.render_prompt(p.text, template, add_generation_prompt=True)
+        )
+        for p in prompts
+      ]
     self.texts = prompts
     self._ids: dict = {}
     self._greedy_ref: dict = {}
@@ -248,7 +268,11 @@ class Runner:
       **metrics.timing_summary(requests),
       "gate_passed": passed,
       "gate": gate,
-      "extra": {"output_sha": sha, "prompt_lengths": [len(p) for p in ids]},
+      "extra": {
+        "output_sha": sha,
+        "prompt_lengths": [len(p) for p in ids],
+        "chat_template": bool(self.cfg.chat_template),
+      },
     }
     row["prompt_tokens"] = cell.prompt_tokens
     return row

@@ -9,5 +9,7 @@ def test_time_step_reports_each_part():
   t = bench.time_step(
     tiny_model(), ngram(), bench.Shape(batch=2, k=3, prompt_tokens=20, n_steps=4, reps=2)
   )
-  assert set(t) == {"step", "draft", "verify", "loop", "accept_commit"}
-  assert all(t[key] > 0 for key in ("step", "draft", "verify", "loop"))
+  assert set(t) == {
+    "step", "draft", "verify", "target_fwd", "loop", "accept_commit", "draft_per_token_vs_target"
+  }  # fmt: skip
+  assert all(t[key] > 0 for key in ("step", "draft", "verify", "target_fwd", "loop"))

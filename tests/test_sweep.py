@@ -144,3 +144,21 @@ def test_notebooks_execute_on_a_real_sweep(tmp_path_factory, name):
   os.environ["SPECDEC_RESULTS"] = str(out / "results.jsonl")
   nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
   assert any(o.get("data", {}).get("image/png") for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_chat_template_when_the_config_asks(tmp_path):
+  import shutil
+
+  target = tmp_path / "target"
+  shutil.copytree(TARGET, target)
+  raw = sweep_main.run(small_config(target=str(target), ks=(1,)), str(tmp_path / "raw"), False)
+  assert raw
+  with pytest.raises(SweepError, match="tokenizer_config.json holds no chat_template"):
+    sweep_main.run(small_config(target=str(target), chat_template=True), str(tmp_path / "x"), False)
+  template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<assistant>"
+  (target / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+  out = tmp_path / "chat"
+  sweep_main.run(small_config(target=str(target), chat_template=True, ks=(1,)), str(out), False)
+  chat, plain = _rows(str(out)), _rows(str(tmp_path / "raw"))
+  assert all(r["extra"]["chat_template"] for r in chat)
+  assert chat[0]["extra"]["prompt_lengths"][0] > plain[0]["extra"]["prompt_lengths"][0]

@@ -11,8 +11,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specdec.decoding import sampling as sampling_lib
 from specdec.drafters.base import Drafter
+from specdec.drafters.heads import pick
 from specdec.models.transformer import KVCache
 
 
@@ -40,13 +40,6 @@ class DraftLM(Drafter):
       params, prompt_BT, positions_BT, cache, logits_at_BP=last_B1
     ).cache
 
-  def _pick(self, key, logits_BV, sampling):
-    # The step passes greedy sampling unless acceptance is full-q, which needs drafts drawn from q.
-    q_BV = sampling_lib.probs(logits_BV, sampling)
-    if sampling.greedy:
-      return jnp.argmax(logits_BV, -1).astype(jnp.int32), q_BV
-    return sampling_lib.sample(key, q_BV), q_BV
-
   def propose(self, params, cache, ctx, k, sampling, key):
     module = self.model.module
     tokens_BS, lengths_B = ctx.tokens_BS, ctx.lengths_B
@@ -54,12 +47,12 @@ class DraftLM(Drafter):
     tok_B2 = jnp.take_along_axis(tokens_BS, pos_B2, 1)
     out = module.apply(params, tok_B2, pos_B2, cache, logits_at_BP=jnp.ones_like(pos_B2[:, :1]))
     keys = jax.random.split(key, k)
-    d_B, q_BV = self._pick(keys[0], out.logits[:, 0], sampling)
+    d_B, q_BV = pick(keys[0], out.logits[:, 0], sampling)
 
     def one(carry, key_i):
       cache, d_B, pos_B = carry
       o = module.apply(params, d_B[:, None], pos_B[:, None], cache)
-      nd_B, nq_BV = self._pick(key_i, o.logits[:, 0], sampling)
+      nd_B, nq_BV = pick(key_i, o.logits[:, 0], sampling)
       return (o.cache, nd_B, pos_B + 1), (nd_B, nq_BV)
 
     (cache, _, _), (rest_KB, rest_KBV) = jax.lax.scan(one, (out.cache, d_B, lengths_B), keys[1:])
