@@ -12,5 +12,6 @@ def get_config():
   c.drafter = ml_collections.ConfigDict({"chain": {"depth": 4, "origins": 32}})
   c.loss = ml_collections.ConfigDict()
   c.batch_size = 16
+  c.steps = 2000
   c.eval_k = 4
   return c
