@@ -25,3 +25,30 @@ def tiny_config(**kw):
 def tiny_model(seed=0, scale=10.0, **kw) -> Model:
   """Random weights scaled up so argmax gaps are wide and greedy text is not a constant."""
   return Model.random(tiny_config(**kw), seed=seed, scale=scale)
+
+
+def result_row(**over):
+  """A complete, valid sweep result row (specdec.results schema) with `over` applied."""
+  row = {
+    "method": "ngram",
+    "k": 2,
+    "workload": "humaneval",
+    "prompt_tokens": 512,
+    "ctx_bucket": "[512,1024)",
+    "temperature": 0.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "acceptance": "greedy",
+    "target_format": "bf16",
+    "kv_dtype": "bfloat16",
+    "batch": 1,
+    "seed": 0,
+    "leg": 0,
+    "device": "cpu",
+    "jax_version": "0.11.2",
+    "git_commit": "unknown",
+    "timestamp": "2026-12-01T00:00:00+00:00",
+    "gate_passed": True,
+  }
+  row.update(over)
+  return row

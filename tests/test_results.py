@@ -11,32 +11,7 @@ import numpy as np
 import pytest
 
 from specdec import results
-
-
-def make_row(**over):
-  row = {
-    "method": "ngram",
-    "k": 2,
-    "workload": "humaneval",
-    "prompt_tokens": 512,
-    "ctx_bucket": "[512,1024)",
-    "temperature": 0.0,
-    "top_k": 0,
-    "top_p": 1.0,
-    "acceptance": "greedy",
-    "target_format": "bf16",
-    "kv_dtype": "bfloat16",
-    "batch": 1,
-    "seed": 0,
-    "leg": 0,
-    "device": "cpu",
-    "jax_version": "0.11.2",
-    "git_commit": "unknown",
-    "timestamp": "2026-12-01T00:00:00+00:00",
-    "gate_passed": True,
-  }
-  row.update(over)
-  return row
+from tests.helpers import result_row as make_row
 
 
 def test_append_and_load_roundtrip_with_nan_and_numpy(tmp_path):

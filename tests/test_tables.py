@@ -5,36 +5,22 @@ import pytest
 
 from specdec import metrics, results, tables
 from specdec import report as table_main
+from tests.helpers import result_row
 
 
 def _row(method, k, hist, tok_s, leg, **over):
   """A result row whose acceptance fields are derived from `hist` as the sweep would."""
   hist = np.asarray(hist)
-  row = {
-    "method": method,
-    "k": k,
-    "workload": "humaneval",
-    "prompt_tokens": 512,
-    "ctx_bucket": "[512,1024)",
-    "temperature": 0.0,
-    "top_k": 0,
-    "top_p": 1.0,
-    "acceptance": "greedy",
-    "target_format": "bf16",
-    "kv_dtype": "bfloat16",
-    "batch": 1,
-    "seed": leg,
-    "leg": leg,
-    "device": "cpu",
-    "jax_version": "0.11.2",
-    "git_commit": "unknown",
-    "timestamp": "2026-12-01T00:00:00+00:00",
-    "gate_passed": True,
-    "accept_hist": hist,
-    "decode_tok_s": tok_s,
-    "whole_tok_s": tok_s * 0.9,
+  row = result_row(
+    method=method,
+    k=k,
+    seed=leg,
+    leg=leg,
+    accept_hist=hist,
+    decode_tok_s=tok_s,
+    whole_tok_s=tok_s * 0.9,
     **metrics.hist_summary(hist),
-  }
+  )
   row.update(over)
   return row
 
