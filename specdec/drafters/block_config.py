@@ -8,8 +8,6 @@ with `block_size`, `mask_token_id`, `target_layer_ids` and, for DFlash2, `conv_k
 """
 
 import dataclasses
-import json
-import os
 from typing import Any
 
 from specdec.models import config as model_config
@@ -229,12 +227,5 @@ def to_hf_dict(cfg: BlockConfig) -> dict[str, Any]:
 
 
 def load_config(path: str) -> BlockConfig:
-  file = os.path.join(path, "config.json")
-  if not os.path.exists(file):
-    raise ValueError(f"{file}: not found")
-  try:
-    with open(file) as f:
-      d = json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{file}: not valid JSON ({e})") from e
+  d, file = model_config.read_config_json(path)
   return from_hf_dict(d, source=file)

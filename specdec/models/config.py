@@ -136,15 +136,20 @@ def to_hf_dict(c: ModelConfig) -> dict[str, Any]:
   return d
 
 
-def load_config(path: str) -> ModelConfig:
+def read_config_json(path: str) -> tuple[dict, str]:
+  """(the dict in path/config.json, its file name); a missing or invalid file is a ConfigError."""
   file = os.path.join(path, "config.json")
   if not os.path.exists(file):
     raise ConfigError(f"{file}: not found")
   try:
     with open(file) as f:
-      d = json.load(f)
+      return json.load(f), file
   except json.JSONDecodeError as e:
     raise ConfigError(f"{file}: not valid JSON ({e})") from e
+
+
+def load_config(path: str) -> ModelConfig:
+  d, file = read_config_json(path)
   if d.get("hidden_act", "silu") not in ("silu", "swish"):
     raise ConfigError(f"{file}: unsupported hidden_act {d['hidden_act']!r} (SwiGLU needs silu)")
   return from_hf_dict(d, source=file)
