@@ -24,7 +24,9 @@ import numpy as np
 import specdec
 from specdec import metrics, results
 from specdec.data import workload as workload_lib
-from specdec.decoding.generate import generate, prompt_bucket
+from specdec.decoding.accept import validate_mode
+from specdec.decoding.generate import check_cache_room, generate, prompt_bucket
+from specdec.decoding.sampling import Sampling
 from specdec.drafters import draft_lm, ngram, null
 from specdec.quant.apply import quantize_model
 
@@ -125,18 +127,15 @@ def validate(cfg, cells: list[Cell], max_positions: int, longest_prompt: int) ->
       raise SweepError(f"config.kv_dtypes: unknown {c.kv_dtype!r}; choose from {KV_DTYPES}")
     if c.method != "null" and c.k < 1:
       raise SweepError(f"config.ks: k={c.k} must be >= 1")
+    # The same checks generate() makes, run for every cell before anything compiles.
+    sampling = Sampling(c.temperature, c.top_k, c.top_p)
     plen = max(c.prompt_tokens, longest_prompt)
-    need = plen + cfg.max_new_tokens + c.k + 1
-    if need > max_positions:
-      raise SweepError(
-        f"cell {c.method} k={c.k} prompt_tokens={c.prompt_tokens}: prompt ({plen}) + "
-        f"max_new_tokens ({cfg.max_new_tokens}) + k+1 = {need} exceeds the target's "
-        f"{max_positions} positions"
-      )
-    if c.temperature < 0 or not 0 < c.top_p <= 1 or c.top_k < 0:
-      raise SweepError(f"cell {c}: invalid sampling (temperature/top_k/top_p)")
-    if c.acceptance == "greedy" and c.temperature > 0:
-      raise SweepError(f"cell {c}: greedy acceptance needs temperature 0")
+    try:
+      sampling.validate()
+      validate_mode(c.acceptance, sampling)
+      check_cache_room(plen, cfg.max_new_tokens, c.k, max_positions)
+    except ValueError as e:
+      raise SweepError(f"cell {c.method} k={c.k} prompt_tokens={c.prompt_tokens}: {e}") from e
 
 
 def chat_template_of(path: str) -> str:
@@ -274,7 +273,6 @@ class Runner:
         "chat_template": bool(self.cfg.chat_template),
       },
     }
-    row["prompt_tokens"] = cell.prompt_tokens
     return row
 
   def _gate(self, cell: Cell, leg: int, sha: str, baseline_sha: str | None):

@@ -87,12 +87,14 @@ def test_killed_sweep_loses_at_most_the_cell_in_flight(tmp_path):
 @pytest.mark.parametrize(
   "kw, fragment",
   [
-    (dict(ks=(600,)), "exceeds the target's 512 positions"),
+    (dict(ks=(600,)), "exceeds the cache room of 512 positions"),
     (dict(prompt_tokens=(600,)), "exceeds"),
     (dict(ks=(0,)), "k=0 must be >= 1"),
     (dict(methods=("null", "medusa")), "unknown method 'medusa'"),
     (dict(target_formats=("exl3",)), "target_formats"),
     (dict(legs=1), "legs"),
+    (dict(acceptances=("typical",)), "unknown acceptance mode 'typical'"),
+    (dict(temperatures=(0.6,), acceptances=("greedy",)), "needs temperature=0"),
     (dict(dtype="float8"), "config.dtype"),
   ],
 )

@@ -20,9 +20,11 @@ from specdec.decoding.sampling import Sampling, probs, sample
 MODES = ("greedy", "onehot", "fullq", "reject")
 
 
-def validate_mode(mode: str) -> None:
+def validate_mode(mode: str, s: Sampling) -> None:
   if mode not in MODES:
     raise ValueError(f"unknown acceptance mode {mode!r}; choose one of {', '.join(MODES)}")
+  if mode == "greedy" and not s.greedy:
+    raise ValueError("acceptance='greedy' needs temperature=0; use 'onehot' or 'fullq' to sample")
 
 
 def accept(key, logits_BKV, draft_BK, q_BKV, s: Sampling, mode: str):

@@ -33,6 +33,16 @@ def cache_slots(bucket: int, max_new: int, k: int) -> int:
   return -(-(bucket + max_new + k + 1) // 64) * 64
 
 
+def check_cache_room(prompt_len: int, max_new_tokens: int, k: int, room: int) -> None:
+  """The last verify writes position prompt + max_new + k: it must fit the model's positions."""
+  need = prompt_len + max_new_tokens + k + 1
+  if need > room:
+    raise ValueError(
+      f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + k+1 ({k + 1}) = {need} "
+      f"exceeds the cache room of {room} positions"
+    )
+
+
 def _prompt_ids(model, prompts) -> list[list[int]]:
   if isinstance(prompts, str):
     prompts = [prompts]
@@ -85,9 +95,7 @@ def generate(
   if not isinstance(k, int) or k < 0 or (k == 0 and drafter.name != "null"):
     raise ValueError(f"k must be an integer >= 1 with a drafter, got k={k!r}")
   mode = acceptance or ("greedy" if sampling.greedy else "onehot")
-  validate_mode(mode)
-  if mode == "greedy" and not sampling.greedy:
-    raise ValueError("acceptance='greedy' needs temperature=0; use 'onehot' or 'fullq' to sample")
+  validate_mode(mode, sampling)
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
 
@@ -95,12 +103,7 @@ def generate(
   B, longest = len(ids), max(len(p) for p in ids)
   bucket = prompt_bucket(longest, min_bucket)
   slots = cache_slots(bucket, max_new_tokens, k)
-  room = max_slots or model.config.max_position_embeddings
-  if longest + max_new_tokens + k + 1 > room:
-    raise ValueError(
-      f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + k+1 ({k + 1}) exceeds the "
-      f"cache room of {room} positions"
-    )
+  check_cache_room(longest, max_new_tokens, k, max_slots or model.config.max_position_embeddings)
   drafter.validate(model.config, k, slots)
 
   prompt_BT = np.zeros((B, bucket), np.int32)
