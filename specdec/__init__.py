@@ -5,6 +5,7 @@ Public API (internals may change):
   generate(model, prompts, ...) greedy / sampled / speculative generation with stats
   drafters                     null(), ngram(min_n, max_n), draft_lm(model)
   Model, ModelConfig, Sampling
+  MemoryPlanError              generate's batch and context do not fit the device's memory
 """
 
 from specdec import drafters
@@ -12,12 +13,14 @@ from specdec.checkpoint.loader import load, save
 from specdec.checkpoint.safetensors_io import CheckpointError
 from specdec.decoding.generate import Generation, generate
 from specdec.decoding.sampling import Sampling
+from specdec.memory import MemoryPlanError
 from specdec.model import Model
 from specdec.models.config import ModelConfig
 
 __all__ = [
   "CheckpointError",
   "Generation",
+  "MemoryPlanError",
   "Model",
   "ModelConfig",
   "Sampling",

@@ -6,19 +6,32 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from specdec.models.config import ModelConfig
-from specdec.models.transformer import ForwardOut, KVCache, Transformer
+from specdec.models.transformer import (
+  FP8,
+  FP8_MAX,
+  KV_SCALES,
+  ForwardOut,
+  KVCache,
+  Transformer,
+)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype", "taps"))
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "taps", "kv_dtype"))
 def forward(
-  params, tokens_BT, config: ModelConfig, dtype, taps: tuple[int, ...] = ()
+  params, tokens_BT, config: ModelConfig, dtype, taps: tuple[int, ...] = (), kv_dtype=None
 ) -> ForwardOut:
-  """Full-sequence causal forward from position 0 (logits, taps, final-norm hidden)."""
+  """Full-sequence causal forward from position 0 (logits, taps, final-norm hidden).
+
+  kv_dtype: the cache the forward writes and attends through (None: `dtype`); an FP8 cache makes
+  these logits the ones decoding with that cache sees.
+  """
   B, T = tokens_BT.shape
   positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  cache = KVCache.zeros(config, B, T, dtype)
+  cache = KVCache.zeros(config, B, T, kv_dtype or dtype)
   return Transformer(config, dtype).apply(params, tokens_BT, positions_BT, cache, taps=taps)
 
 
@@ -28,6 +41,7 @@ class Model:
   params: Any  # {"params": ...}, the Flax variables of `module`
   tokenizer: Any = None  # tokenizers.Tokenizer or None
   dtype: Any = jnp.bfloat16
+  kv_dtype: Any = None  # the KV cache decoding uses unless told otherwise; None: `dtype`
 
   @property
   def module(self) -> Transformer:
@@ -38,7 +52,43 @@ class Model:
     tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
     if tokens_BT.ndim != 2:
       raise ValueError(f"tokens must be [B, T], got shape {tokens_BT.shape}")
-    return forward(self.params, tokens_BT, self.config, self.dtype).logits
+    return forward(self.params, tokens_BT, self.config, self.dtype, kv_dtype=self.kv_dtype).logits
+
+  def kv_scales(self) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer (k [L], v [L]) FP8 KV scales as attention uses them (1.0 where none is set)."""
+    attn = [self.params["params"][f"layer_{i}"]["attn"] for i in range(self.config.num_layers)]
+    return tuple(np.array([float(a.get(n, 1.0)) for a in attn], np.float32) for n in KV_SCALES)
+
+  def calibrate_kv_scales(self, tokens_BT) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer (k [L], v [L]) scales amax(|K|) / 448, amax(|V|) / 448 over a float32-cache
+    forward of tokens: the largest value seen lands on the top e4m3 code. For `with_fp8_kv`."""
+    out = forward(
+      self.params, jnp.asarray(tokens_BT, jnp.int32), self.config, self.dtype, (), jnp.float32
+    )
+    return tuple(
+      np.array([float(jnp.abs(c).max()) / FP8_MAX for c in cs], np.float32)
+      for cs in (out.cache.k, out.cache.v)
+    )
+
+  def with_fp8_kv(self, k_scales=None, v_scales=None) -> "Model":
+    """A copy that decodes with an FP8 (e4m3) KV cache: K/V stored as clip(x / scale, +-448),
+    read as code * scale. Scales: a scalar or one per layer; None keeps the model's own (a loaded
+    FP8-KV checkpoint's), else 1.0, which suits K/V well inside +-448 but is no calibration."""
+    flat = flatten_dict(self.params["params"])
+    for name, given, have_L in zip(KV_SCALES, (k_scales, v_scales), self.kv_scales(), strict=True):
+      s_L = have_L if given is None else self._check_scales(name, given)
+      for i, s in enumerate(s_L):
+        flat[(f"layer_{i}", "attn", name)] = jnp.asarray(s, jnp.float32)
+    return dataclasses.replace(self, params={"params": unflatten_dict(flat)}, kv_dtype=FP8)
+
+  def _check_scales(self, name: str, given) -> np.ndarray:
+    L = self.config.num_layers
+    s = np.asarray(given, np.float64)
+    if s.shape not in ((), (L,)) or not np.all(np.isfinite(s) & (s > 0)):
+      raise ValueError(
+        f"{name}s: expected a finite scale > 0, scalar or one per layer [{L}]; got {given!r}"
+      )
+    return np.broadcast_to(s, (L,)).astype(np.float32)
 
   def encode(self, text: str) -> list[int]:
     if self.tokenizer is None:

@@ -94,6 +94,10 @@ ROW_FIELDS: dict[str, Field] = {
   "wall_s": _F("float", False, "wall clock of the timed requests"),
   "n_requests_timed": _F("int", False, "requests in the timing figures"),
   "roofline_pct": _F("float", False, "% of HBM roofline: bytes read per step / measured copy bw"),
+  "compiles": _F(
+    "int", False, "XLA executables the (cell, leg) built (warm-up, gate and cache loads included)"
+  ),
+  "compile_s": _F("float", False, "seconds spent building them"),
   "gate_passed": _F(
     "bool", True, "greedy outputs matched the baseline in this run; speed admissible"
   ),

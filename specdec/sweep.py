@@ -9,6 +9,10 @@ repetition l, so a copying drafter cannot draft from memory of the previous leg.
 The gate: greedy output of every drafted cell must be token-identical to the no-draft arm on the
 same prompts and leg (compared by a hash of the outputs stored in each row); a sampled cell gets a
 separate greedy check of the same drafter. Its speed is admissible only where the gate passed.
+
+Compiles: every row counts the XLA executables its (cell, leg) built. Cells with the same static
+shapes (StepConfig, batch, prompt bucket, cache slots) reuse them, so a leg after the first should
+build none; a row that did shows a static shape that changes where it should not.
 """
 
 import dataclasses
@@ -18,14 +22,15 @@ import json
 import math
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 import specdec
-from specdec import metrics, results
+from specdec import memory, metrics, results
 from specdec.data import workload as workload_lib
 from specdec.decoding.accept import validate_mode
-from specdec.decoding.generate import check_cache_room, generate, prompt_bucket
+from specdec.decoding.generate import cache_slots, check_cache_room, generate, prompt_bucket
 from specdec.decoding.sampling import Sampling
 from specdec.drafters import draft_lm, ngram, null
 from specdec.quant.apply import quantize_model
@@ -33,7 +38,9 @@ from specdec.quant.apply import quantize_model
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # "bf16" is the target as loaded (in config.dtype); the others quantize its linear layers.
 TARGET_FORMATS = ("bf16", "nvfp4", "fp8", "exl3_3", "exl3_4")
-KV_DTYPES = ("model", "float32", "bfloat16")
+# "model": the target's own (its dtype, or FP8 where the checkpoint declares an FP8 KV cache). An
+# FP8 cache on a target without k/v scales runs with scales 1.0 (see specdec.generate).
+KV_DTYPES = ("model", "float32", "bfloat16", "float8_e4m3fn")
 
 
 class SweepError(ValueError):
@@ -111,7 +118,11 @@ def check_methods(cfg) -> None:
       )
 
 
-def validate(cfg, cells: list[Cell], max_positions: int, longest_prompt: int) -> None:
+def validate(
+  cfg, cells: list[Cell], max_positions: int, longest_prompt: int, check_cell=None
+) -> None:
+  """Every cell's checks before anything compiles; check_cell(cell) adds the ones that need the
+  loaded models (Runner.check_memory)."""
   for name in ("ks", "prompt_tokens", "temperatures", "batches", "methods"):
     if not len(cfg[name]):
       raise SweepError(f"config.{name} is empty")
@@ -134,6 +145,8 @@ def validate(cfg, cells: list[Cell], max_positions: int, longest_prompt: int) ->
       sampling.validate()
       validate_mode(c.acceptance, sampling)
       check_cache_room(plen, cfg.max_new_tokens, c.k, max_positions)
+      if check_cell is not None:
+        check_cell(c)
     except ValueError as e:
       raise SweepError(f"cell {c.method} k={c.k} prompt_tokens={c.prompt_tokens}: {e}") from e
 
@@ -222,9 +235,16 @@ class Runner:
   def bucket(self, prompt_tokens: int) -> int:
     return prompt_bucket(max(len(p) for p in self.prompt_ids(prompt_tokens, 0)))
 
+  def check_memory(self, cell: Cell) -> None:
+    """generate()'s memory plan for a full batch of the cell, on the target as loaded (a quantized
+    target, built later, is smaller but stays resident beside it: generate() checks it then)."""
+    bucket = self.bucket(cell.prompt_tokens)
+    slots = cache_slots(bucket, self.cfg.max_new_tokens, cell.k)
+    drafter = self.drafters[cell.method]
+    memory.check_fits(self.target, drafter, cell.k, cell.batch, bucket, slots, kv_dtype(cell))
+
   def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
     t = cell.temperature if temperature is None else temperature
-    kv = None if cell.kv_dtype == "model" else DTYPES[cell.kv_dtype]
     name = drafter_name or cell.method
     if cell.target_format not in self._targets:
       self._targets[cell.target_format] = quantize_model(self.target, cell.target_format)
@@ -233,10 +253,15 @@ class Runner:
       top_k=cell.top_k if t else 0, top_p=cell.top_p if t else 1.0, seed=seed,
       drafter=self.drafters[name], k=cell.k if name != "null" else 0,
       acceptance=acceptance or (cell.acceptance if t else "greedy"),
-      min_bucket=self.bucket(cell.prompt_tokens), kv_dtype=kv,
+      min_bucket=self.bucket(cell.prompt_tokens), kv_dtype=kv_dtype(cell),
     )  # fmt: skip
 
   def run(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
+    with CompileCounter() as built:
+      row = self._measure(cell, leg, baseline_sha)
+    return {**row, "compiles": built.count, "compile_s": built.seconds}
+
+  def _measure(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
     ids = self.prompt_ids(cell.prompt_tokens, leg)
     seed = self.cfg.seed + 1000 * leg
     requests, hists, outputs = [], [], []
@@ -287,6 +312,34 @@ class Runner:
       self._greedy_ref[key] = self._generate(cell, ids, 0, "null", 0.0).tokens
     out = self._generate(cell, ids, 0, temperature=0.0, acceptance="greedy").tokens
     return "greedy check (2 prompts) == no-draft arm", out == self._greedy_ref[key]
+
+
+class CompileCounter:
+  """Counts the XLA executables built while active, and their seconds: a backend compile or a load
+  from the persistent compilation cache (jax times both as one event); a call that finds its
+  executable in memory records nothing. Eager ops count too, once per new shape."""
+
+  EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+
+  def __init__(self):
+    self.count, self.seconds = 0, 0.0
+
+  def _listen(self, event: str, duration: float, **_) -> None:
+    if event == self.EVENT:
+      self.count += 1
+      self.seconds += duration
+
+  def __enter__(self) -> "CompileCounter":
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+def kv_dtype(cell: Cell):
+  """The cell's KV cache dtype for generate(); None keeps the target's own."""
+  return None if cell.kv_dtype == "model" else jnp.dtype(cell.kv_dtype)
 
 
 def baseline_key(cell: Cell, leg: int) -> tuple:

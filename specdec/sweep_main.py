@@ -29,7 +29,7 @@ def run(cfg, out_dir: str, progress: bool = True) -> str:
   }
   runner = sweep.Runner(cfg, target, drafters)
   longest = max(len(p) for p in runner.prompt_ids(0, 0))
-  sweep.validate(cfg, cells, target.config.max_position_embeddings, longest)
+  sweep.validate(cfg, cells, target.config.max_position_embeddings, longest, runner.check_memory)
   results.write_config(out, cfg.to_dict())
 
   path = out / results.RESULTS_NAME

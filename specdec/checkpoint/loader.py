@@ -3,10 +3,14 @@
 Every tensor is read and checked (known name, shape, dtype) and the tokenizer is checked against
 the embedding before anything is returned; the first problem raises one `CheckpointError` naming
 the file and the tensor.
+
+A checkpoint that declares an FP8 KV cache loads with its per-layer k/v scales in the attention
+params and `kv_dtype` float8_e4m3fn; scales it does not ship are 1.0, with a warning naming them.
 """
 
 import json
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +25,9 @@ from specdec.checkpoint.safetensors_io import (
   write_tensors,
 )
 from specdec.models.config import ConfigError, ModelConfig, load_config, to_hf_dict
-from specdec.models.transformer import KVCache, Transformer
+from specdec.models.transformer import FP8, KV_SCALES, KVCache, Transformer
+from specdec.quant import layouts
+from specdec.quant.errors import QuantFormatError
 
 FLOAT_SOURCE_DTYPES = ("float32", "float16", "bfloat16")
 ACTIVATION_SCALES = (".input_scale", ".input_global_scale")
@@ -68,13 +74,14 @@ def load_tokenizer(path: str, vocab_size: int):
   return tok
 
 
-def linear_reader(path: str, raw_config: dict):
+def linear_reader(raw_config: dict, scheme: "layouts.QuantScheme | None"):
   """For a quantized checkpoint, `read(module, get, has, shape) -> weight`; else None.
 
-  ModelOpt and compressed-tensors (NVFP4, FP8) go through `specdec.quant.layouts`; exllamav3
-  (EXL3) through `specdec.quant.exl3`. Layers a scheme leaves dense come back as (in, out) arrays.
+  ModelOpt and compressed-tensors (NVFP4, FP8) go through `specdec.quant.layouts` with `scheme`
+  (`quant_scheme`'s); exllamav3 (EXL3) through `specdec.quant.exl3`. Layers a scheme leaves dense
+  come back as (in, out) arrays.
   """
-  from specdec.quant import exl3, layouts
+  from specdec.quant import exl3
 
   qc = raw_config.get("quantization_config") or {}
   if qc.get("quant_method") == "exl3":
@@ -86,6 +93,16 @@ def linear_reader(path: str, raw_config: dict):
       return exl3.read_linear(module, get, has, in_features=shape[0], out_features=shape[1])
 
     return read_exl3
+  if scheme is None:
+    return None
+  return lambda module, get, has, shape: layouts.read_linear(scheme, module, get, shape=shape)
+
+
+def quant_scheme(path: str, raw_config: dict) -> "layouts.QuantScheme | None":
+  """The ModelOpt / compressed-tensors scheme of a checkpoint (None: unquantized or EXL3)."""
+  qc = raw_config.get("quantization_config") or {}
+  if qc.get("quant_method") == "exl3":
+    return None
   hf_file = os.path.join(path, "hf_quant_config.json")
   hf = None
   if os.path.exists(hf_file):
@@ -96,11 +113,13 @@ def linear_reader(path: str, raw_config: dict):
       raise CheckpointError(f"{hf_file}: not valid JSON ({e})") from e
   if hf is None and not qc:
     return None
-  scheme = layouts.parse_quant_config(raw_config, hf)
-  return lambda module, get, has, shape: layouts.read_linear(scheme, module, get, shape=shape)
+  return layouts.parse_quant_config(raw_config, hf)
 
 
-def read_params(path: str, config: ModelConfig, dtype, reader=None) -> dict:
+def read_params(
+  path: str, config: ModelConfig, dtype, reader=None, scheme=None
+) -> tuple[dict, list[str]]:
+  """(params, the FP8 KV scale tensors the checkpoint declares but lacks: they read as 1.0)."""
   files = checkpoint_files(path)
   want = expected_shapes(config)
   arrays: dict[str, np.ndarray] = {}
@@ -113,9 +132,14 @@ def read_params(path: str, config: ModelConfig, dtype, reader=None) -> dict:
   consumed: set[str] = set()
   if reader is not None:
     found, consumed = _read_quantized_linears(arrays, files, want, reader)
+  kv_found, kv_read, kv_missing = _read_kv_scales(arrays, files, config, scheme)
+  found.update(kv_found)
+  consumed |= kv_read
   for name, array in arrays.items():
     if name in consumed or names.is_ignored(name):
       continue
+    if name.endswith(layouts.KV_SCALE_SUFFIXES):
+      raise CheckpointError(f"{files[name]}: KV cache scale {name!r} {_kv_misfit(config, scheme)}")
     if reader is not None and name.endswith(ACTIVATION_SCALES):
       continue  # weight-only execution (W4A16 / W8A16) reads no activation scales
     file = files[name]
@@ -146,18 +170,62 @@ def read_params(path: str, config: ModelConfig, dtype, reader=None) -> dict:
     hf = names.to_hf_name(missing[0])[0]
     raise CheckpointError(f"{path}: missing tensor {hf!r} ({len(missing)} missing in all)")
 
-  def to_device(v):
+  def to_device(key, v):
+    if key.rsplit("/", 1)[-1] in KV_SCALES:
+      return jnp.asarray(v, jnp.float32)  # in bf16 a scale would shift every value it dequantizes
     if isinstance(v, np.ndarray):
       return jnp.asarray(v.astype(np.float32), dtype)
     return jax.tree.map(jnp.asarray, v)  # a quantized weight keeps its own dtypes
 
-  return unflatten_dict({tuple(k.split("/")): to_device(v) for k, v in found.items()})
+  params = unflatten_dict({tuple(k.split("/")): to_device(k, v) for k, v in found.items()})
+  return params, kv_missing
+
+
+def _declares_fp8_kv(scheme) -> bool:
+  return scheme is not None and scheme.kv_cache == "FP8"
+
+
+def _read_kv_scales(arrays, files, config: ModelConfig, scheme):
+  """An FP8-KV checkpoint's ({params path: scale}, {names read}, [names missing])."""
+  found, read, missing = {}, set(), []
+  if not _declares_fp8_kv(scheme):
+    return found, read, missing
+  for i in range(config.num_layers):
+    for param, name in zip(KV_SCALES, layouts.kv_scale_names(scheme.layout, i), strict=True):
+      if name not in arrays:
+        missing.append(name)
+        continue
+      try:
+        found[f"layer_{i}/attn/{param}"] = layouts.read_kv_scale(name, arrays[name])
+      except QuantFormatError as e:
+        raise CheckpointError(f"{files[name]}: {e}") from e
+      read.add(name)
+  return found, read, missing
+
+
+def _kv_misfit(config: ModelConfig, scheme) -> str:
+  if not _declares_fp8_kv(scheme):
+    kv = scheme.kv_cache if scheme else None
+    return f"is present, but the config declares no FP8 KV cache (kv cache: {kv!r})"
+  k, v = layouts.kv_scale_names(scheme.layout, 0)
+  return (
+    f"is not one the {scheme.layout} layout names for layers 0..{config.num_layers - 1} "
+    f"({k!r}, {v!r}, ...)"
+  )
+
+
+def _warn_missing_kv_scales(path: str, missing: list[str]) -> None:
+  shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+  warnings.warn(
+    f"{path}: the config declares an FP8 KV cache but {len(missing)} k/v scale tensors are "
+    f"missing ({shown}); they default to 1.0, which is wrong wherever K/V were calibrated to "
+    "another scale. Pass calibrated scales with Model.with_fp8_kv if you have them.",
+    stacklevel=3,
+  )
 
 
 def _read_quantized_linears(arrays, files, want, reader):
   """Every Linear kernel through the quantization reader (dense where the scheme says so)."""
-  from specdec.quant.errors import QuantFormatError
-
   found, consumed = {}, set()
 
   def get(name):
@@ -198,20 +266,31 @@ def load(path: str, dtype=jnp.bfloat16):
   except ConfigError as e:
     raise CheckpointError(str(e)) from e
   with open(os.path.join(path, "config.json")) as f:
-    reader = linear_reader(path, json.load(f))
-  params = read_params(path, config, dtype, reader)
+    raw = json.load(f)
+  scheme = quant_scheme(path, raw)
+  params, kv_missing = read_params(path, config, dtype, linear_reader(raw, scheme), scheme)
   tokenizer = load_tokenizer(path, config.vocab_size)
   config = config.replace(eos_token_ids=_eos_ids(path, config))
-  return Model(config=config, params={"params": params}, tokenizer=tokenizer, dtype=dtype)
+  if kv_missing:
+    _warn_missing_kv_scales(path, kv_missing)  # only once the load has succeeded
+  return Model(
+    config=config,
+    params={"params": params},
+    tokenizer=tokenizer,
+    dtype=dtype,
+    kv_dtype=FP8 if _declares_fp8_kv(scheme) else None,
+  )
 
 
 def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
   """Writes `model` in the HF layout this loader reads (config, safetensors, tokenizer).
 
   Quantized kernels (NVFP4 / FP8 weights) are written in `layout` ("modelopt" or
-  "compressed-tensors") with the matching quantization config; dense ones as plain weights.
+  "compressed-tensors") with the matching quantization config; dense ones as plain weights. A
+  model with an FP8 KV cache also declares it and writes its k/v scales (ModelOpt and
+  compressed-tensors quantized weights only: those configs are where the declaration lives).
   """
-  from specdec.quant import exl3, layouts
+  from specdec.quant import exl3
   from specdec.quant.matmul import QuantizedWeight
   from specdec.quant.nvfp4 import NVFP4Weight
 
@@ -226,14 +305,22 @@ def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
       formats[names.module_of(key)] = layouts.LinearFormat(kind, layout)
     elif key.endswith("/kernel"):
       formats[names.module_of(key)] = None
+  kv_cache = "FP8" if model.kv_dtype is not None and jnp.dtype(model.kv_dtype) == FP8 else None
+  if kv_cache and (exl3_bits or not any(formats.values())):
+    raise ValueError(
+      f"save({path!r}): an FP8 KV cache is declared in a ModelOpt / compressed-tensors "
+      "quantization config, so it is written only with NVFP4 or FP8 weights (quantize_model)"
+    )
   quant_config = hf_quant = None
   if exl3_bits:
     quant_config = exl3.quantization_config(exl3.EXL3Config(bits=float(np.mean(exl3_bits))))
   elif any(formats.values()):
-    quant_config, hf_quant = layouts.write_quant_config(layout, formats)
+    quant_config, hf_quant = layouts.write_quant_config(layout, formats, kv_cache=kv_cache)
     scheme = layouts.parse_quant_config({"quantization_config": quant_config}, hf_quant)
-  tensors = {}
+  tensors = layouts.write_kv_scales(layout, *model.kv_scales()) if kv_cache else {}
   for key, value in flat.items():
+    if key.rsplit("/", 1)[-1] in KV_SCALES:
+      continue  # written above in the layout's names, or unused without an FP8 cache
     if isinstance(value, exl3.EXL3Weight):
       tensors.update(exl3.write_linear(names.module_of(key), value))
       continue

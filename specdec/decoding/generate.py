@@ -7,11 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import metrics
+from specdec import memory, metrics
 from specdec.decoding.accept import validate_mode
 from specdec.decoding.sampling import Sampling
 from specdec.decoding.step import StepConfig, decode_chunk, prefill
 from specdec.drafters.null import null
+from specdec.models.transformer import check_kv_dtype
 
 CHUNK_SIZES = (16, 1)  # static trip counts; the host picks one per chunk (two compiles)
 MIN_BUCKET = 16
@@ -77,6 +78,7 @@ def generate(
   max_slots: int | None = None,
   min_bucket: int = MIN_BUCKET,
   kv_dtype=None,
+  memory_fraction: float | None = memory.DEFAULT_FRACTION,
 ) -> Generation:
   """Generates from `prompts` (strings or token-id lists) with optional speculative drafting.
 
@@ -85,7 +87,13 @@ def generate(
   under sampling), 'fullq', or 'reject' (the same-shape baseline). Sampling transforms apply in the
   order temperature, top-k, top-p (see specdec.decoding.sampling).
   The prompt is padded to a power-of-two bucket >= min_bucket (a sweep fixes one bucket so cells
-  share compiled executables); kv_dtype defaults to the model's dtype.
+  share compiled executables).
+  kv_dtype: the target's KV cache (float32, bfloat16, float16 or float8_e4m3fn); None is the model's
+  `kv_dtype` (FP8 for a checkpoint that declares an FP8 KV cache), else its dtype. An FP8 cache uses
+  the model's per-layer k/v scales, 1.0 where it has none (`Model.with_fp8_kv` sets them).
+  memory_fraction: the share of the device's memory limit that the resident params plus the decode
+  state may fill; a batch and context that do not fit raise specdec.MemoryPlanError before
+  anything compiles (None: no check; skipped where the backend keeps no memory stats, e.g. CPU).
   """
   sampling = Sampling(float(temperature), top_k, float(top_p))
   sampling.validate()
@@ -105,6 +113,8 @@ def generate(
   slots = cache_slots(bucket, max_new_tokens, k)
   check_cache_room(longest, max_new_tokens, k, max_slots or model.config.max_position_embeddings)
   drafter.validate(model.config, k, slots)
+  kv_dtype = model.kv_dtype if kv_dtype is None else check_kv_dtype(kv_dtype)
+  memory.check_fits(model, drafter, k, B, bucket, slots, kv_dtype, memory_fraction)
 
   prompt_BT = np.zeros((B, bucket), np.int32)
   for i, p in enumerate(ids):

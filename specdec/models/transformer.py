@@ -6,6 +6,11 @@ G = N / K query heads per kv head, H head dim, V vocabulary.
 The KV cache is static: slot s holds the token at absolute position s. A forward writes K/V at
 `positions` and attends to slots <= each query's position, so slots beyond a row's length are
 masked until a later write overwrites them: rollback of rejected drafts is just a smaller length.
+
+An FP8 cache (float8_e4m3fn) stores clip(x / scale, +-448) and attention reads f32(code) * scale in
+the compute dtype, with one k and one v scale per layer: the attention params `k_scale` / `v_scale`
+(float32 scalars, loaded from an FP8-KV checkpoint or set by `Model.with_fp8_kv`), 1.0 where the
+params hold none. Caches of any other dtype ignore the scales.
 """
 
 from typing import NamedTuple
@@ -19,6 +24,25 @@ from specdec.models.config import ModelConfig
 from specdec.models.rope import apply_rope, inv_freq_and_scale
 from specdec.quant.matmul import matmul
 
+FP8 = jnp.dtype(jnp.float8_e4m3fn)
+FP8_MAX = 448.0
+CACHE_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, FP8))
+KV_SCALES = ("k_scale", "v_scale")  # attention param names
+
+
+def check_kv_dtype(dtype) -> jnp.dtype:
+  """The dtype of a KV cache, refused unless the cache knows how to write and read it."""
+  try:
+    d = jnp.dtype(dtype)
+  except TypeError as e:
+    raise ValueError(f"KV cache dtype {dtype!r} is not a dtype") from e
+  if d not in CACHE_DTYPES:
+    # Other 8-bit floats would be cast without a scale or saturation: silently wrong numbers.
+    raise ValueError(
+      f"KV cache dtype {d.name} is not supported; choose from {[k.name for k in CACHE_DTYPES]}"
+    )
+  return d
+
 
 @flax.struct.dataclass
 class KVCache:
@@ -27,6 +51,7 @@ class KVCache:
 
   @staticmethod
   def zeros(c: ModelConfig, batch: int, slots: int, dtype=jnp.bfloat16) -> "KVCache":
+    dtype = check_kv_dtype(dtype)
     shape = (batch, slots, c.num_kv_heads, c.head_dim)
     z = tuple(jnp.zeros(shape, dtype) for _ in range(c.num_layers))
     return KVCache(k=z, v=z)
@@ -74,10 +99,26 @@ class Linear(nn.Module):
     return y
 
 
-def write_cache(cache_BSKH, new_BTKH, positions_BT):
+def to_cache(x, dtype, scale=1.0):
+  """K or V -> the cache's dtype; FP8 divides by the layer's scale and clips first because JAX's
+  cast to e4m3 does not saturate (an out-of-range value would become NaN)."""
+  if dtype != FP8:
+    return x.astype(dtype)
+  return jnp.clip(x.astype(jnp.float32) / scale, -FP8_MAX, FP8_MAX).astype(FP8)
+
+
+def from_cache(cache_BSKH, scale, dtype):
+  """What attention reads: FP8 codes times the layer's scale in `dtype`; other caches as stored."""
+  if cache_BSKH.dtype != FP8:
+    return cache_BSKH
+  return (cache_BSKH.astype(jnp.float32) * scale).astype(dtype)
+
+
+def write_cache(cache_BSKH, new_BTKH, positions_BT, scale=1.0):
   """Scatter this forward's K or V into the slots named by positions (one slot per position)."""
   b_BT = jnp.broadcast_to(jnp.arange(new_BTKH.shape[0])[:, None], positions_BT.shape)
-  return cache_BSKH.at[b_BT, positions_BT].set(new_BTKH.astype(cache_BSKH.dtype), mode="drop")
+  new_BTKH = to_cache(new_BTKH, cache_BSKH.dtype, scale)
+  return cache_BSKH.at[b_BT, positions_BT].set(new_BTKH, mode="drop")
 
 
 def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT):
@@ -97,6 +138,12 @@ def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT):
 class Attention(nn.Module):
   config: ModelConfig
 
+  def kv_scale(self, name: str):
+    # Read, not `param`: only FP8-KV models carry scales, and init must not invent them.
+    if self.has_variable("params", name):
+      return self.get_variable("params", name).astype(jnp.float32)
+    return 1.0
+
   @nn.compact
   def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH):
     c = self.config
@@ -111,9 +158,15 @@ class Attention(nn.Module):
     inv_freq, scale = inv_freq_and_scale(c)
     q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq, scale)
     k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq, scale)
-    k_BSKH = write_cache(k_BSKH, k_BTKH, positions_BT)
-    v_BSKH = write_cache(v_BSKH, v_BTKH, positions_BT)
-    o_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+    k_scale, v_scale = (self.kv_scale(n) for n in KV_SCALES)
+    k_BSKH = write_cache(k_BSKH, k_BTKH, positions_BT, k_scale)
+    v_BSKH = write_cache(v_BSKH, v_BTKH, positions_BT, v_scale)
+    o_BTNH = attend(
+      q_BTNH,
+      from_cache(k_BSKH, k_scale, q_BTNH.dtype),
+      from_cache(v_BSKH, v_scale, q_BTNH.dtype),
+      positions_BT,
+    )
     out_BTD = Linear(c.hidden_size, c.attention_bias, name="o_proj")(o_BTNH.reshape(B, T, N * H))
     return out_BTD, k_BSKH, v_BSKH
 

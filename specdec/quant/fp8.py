@@ -38,6 +38,12 @@ class FP8Weight:
     return _dequantize(self, jnp.dtype(dtype))
 
   def matmul(self, x_MK: jax.Array) -> jax.Array:
+    if jax.default_backend() == "gpu" and x_MK.dtype == jnp.bfloat16 and self.codes_NK.ndim == 2:
+      # Imported here: CPU runs never need Pallas. Unsupported shapes fall back to XLA inside.
+      from kernels_pallas.fp8_gemv import fp8_matmul
+
+      y_MN = fp8_matmul(x_MK.reshape(-1, x_MK.shape[-1]), self)
+      return y_MN.reshape(*x_MK.shape[:-1], y_MN.shape[-1])
     return jnp.einsum("...k,kn->...n", x_MK, self.dequantize(x_MK.dtype))
 
   def columns(self, start: int, stop: int) -> "FP8Weight":

@@ -14,6 +14,11 @@ Tensors of one linear with HF prefix P (checkpoints store W as [out, in]):
                             compressed-tensors [1] or [out, 1]; P.input_scale for static activations
   unquantized               P.weight bf16/f16/f32 [out, in]
 
+FP8 KV cache (kv_cache_quant_algo "FP8" / kv_cache_scheme {num_bits 8, type float}), per layer N:
+  ModelOpt                  model.layers.N.self_attn.k_proj.k_scale, ...v_proj.v_scale  f32 []
+  compressed-tensors        model.layers.N.self_attn.k_scale, ...self_attn.v_scale      f32 [1]
+  both: the cache stores K / k_scale as e4m3 and dequant multiplies (vLLM's reading of both names)
+
 Activation scales are not read: the framework runs these formats weight-only (W4A16 / W8A16).
 Fused projections (qkv, gate_up) are separate tensors per shard in HF checkpoints, each with its
 own global scale; read them one by one and fuse with `nvfp4.concat_columns` / `fp8.concat_columns`,
@@ -69,7 +74,7 @@ class QuantScheme:
   layers: tuple[tuple[str, LinearFormat], ...] = ()  # ModelOpt MIXED_PRECISION: module prefixes
   targets: tuple[tuple[str, LinearFormat | None], ...] = ()  # compressed-tensors, precedence order
   ignore: tuple[str, ...] = ()  # ModelOpt exclude_modules (globs) / compressed-tensors ignore
-  kv_cache: str | None = None  # "FP8" / "NVFP4" / None; informational
+  kv_cache: str | None = None  # "FP8" (k/v scales read, FP8 cache by default) / "NVFP4" / None
 
   def format_for(self, module_name: str) -> LinearFormat | None:
     if self.layout == MODELOPT:
@@ -600,3 +605,40 @@ def _one_scale(p: str, s_N: np.ndarray, what: str) -> np.float32:
       "write each shard with w.columns(start, stop) under its own module name"
     )
   return np.float32(s_N[0])
+
+
+# ----------------------------------------------------------------------------------------- kv cache
+
+KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")
+
+
+def kv_scale_names(layout: Layout, layer: int) -> tuple[str, str]:
+  """(k, v) scale tensor names of one layer's FP8 KV cache: ModelOpt hangs them on the k/v
+  projections, compressed-tensors on the attention module."""
+  p = f"model.layers.{layer}.self_attn"
+  if layout == MODELOPT:
+    return f"{p}.k_proj.k_scale", f"{p}.v_proj.v_scale"
+  return f"{p}.k_scale", f"{p}.v_scale"
+
+
+def read_kv_scale(name: str, a: np.ndarray) -> np.float32:
+  """One FP8 KV scale tensor: a finite float scalar > 0, stored [] or [1]."""
+  if a.dtype not in DENSE_DTYPES or a.shape not in ((), (1,)):
+    raise QuantFormatError(
+      f"{name}: expected a float scalar KV cache scale ([] or [1]), got {a.dtype} with shape "
+      f"{a.shape} (per-head KV scales are not supported)"
+    )
+  s = np.float32(a.reshape(()))
+  if not (np.isfinite(s) and s > 0):
+    raise QuantFormatError(f"{name}: a KV cache scale must be finite and > 0, got {s}")
+  return s
+
+
+def write_kv_scales(layout: Layout, k_L, v_L) -> dict[str, np.ndarray]:
+  """Every layer's FP8 KV scale tensors in the layout's names and shapes."""
+  shape = () if layout == MODELOPT else (1,)
+  out = {}
+  for i, pair in enumerate(zip(k_L, v_L, strict=True)):
+    for name, s in zip(kv_scale_names(layout, i), pair, strict=True):
+      out[name] = np.full(shape, s, np.float32)
+  return out

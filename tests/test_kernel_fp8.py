@@ -1,0 +1,184 @@
+"""FP8 W8A16 GEMV kernel: decode bits, a bit-faithful CPU model of the kernel, lowering, GPU runs.
+
+The Mosaic GPU kernel emits PTX through `inline_mgpu`, so the Pallas GPU interpreter cannot run it.
+On CPU we check (1) the integer decode against E4M3 for every code in every byte of a word, (2)
+`emulate` (the kernel's own step on numpy lanes, with nvfp4's swizzle, mma fragments and epilogue)
+against the jnp reference, (3) the dispatch and its input checks, and (4) that the kernel lowers to
+a Mosaic GPU custom call for cuda. `-m gpu` runs the kernel itself (needs JAX_PLATFORMS=cuda:
+conftest defaults to cpu).
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels_pallas import fp8_gemv as kern
+from specdec.quant import fp8
+
+# bf16 output of an f32 accumulation: one bf16 rounding (2^-9 relative) dominates; the kernel's
+# products are exact and the reference's dequant rounds once in f32, far inside this.
+TOL = 1e-2
+
+
+def weight(k, n, seed=0):
+  return kern.random_weight(jax.random.key(seed), k, n)
+
+
+def ref_f32(x, w):
+  return np.asarray(jnp.dot(x.astype(jnp.float32), w.dequantize(jnp.float32), precision="highest"))
+
+
+def bf16x2_to_f32(word):
+  lo = (word & np.uint32(0xFFFF)) << np.uint32(16)
+  hi = word & np.uint32(0xFFFF0000)
+  return lo.view(np.float32), hi.view(np.float32)
+
+
+def test_decode_every_code_in_every_byte():
+  codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint32)  # 0x7F/0xFF: NaN
+  want = codes.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+  for pos in range(4):
+    others = np.uint32(0xA5A5A5A5) & ~(np.uint32(0xFF) << np.uint32(8 * pos))  # neighbours != 0
+    even, odd = kern.decode_word_np((codes << np.uint32(8 * pos)) | others)
+    lo, hi = bf16x2_to_f32(even if pos % 2 == 0 else odd)
+    got = hi if pos >= 2 else lo
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))  # -0 stays -0
+
+
+def run_ptx(ptx: str, n_out: int, *inputs) -> list[np.ndarray]:
+  """Interprets the straight-line PTX subset DECODE_PTX uses, on uint32 arrays."""
+  env = {f"${n_out + i}": np.asarray(v, np.uint32) for i, v in enumerate(inputs)}
+  for line in ptx.splitlines():
+    line = line.strip().rstrip(";")
+    if not line or line[0] in "{}.":
+      continue
+    op, operands = line.split(None, 1)
+    dst, *srcs = (s.strip() for s in operands.split(","))
+    a = [env[s] if s in env else np.uint32(int(s, 0)) for s in srcs]
+    if op == "mov.b32":
+      env[dst] = a[0]
+    elif op == "shl.b32":
+      env[dst] = a[0] << a[1]
+    elif op == "shr.u32":
+      env[dst] = a[0] >> a[1]
+    elif op == "and.b32":
+      env[dst] = a[0] & a[1]
+    elif op == "lop3.b32":
+      out = np.uint32(0)
+      for i in range(8):  # minterm i = (a, b, c) bits (4, 2, 1) of the lookup table's index
+        if int(a[3]) >> i & 1:
+          terms = [x if i >> s & 1 else ~x for x, s in zip(a[:3], (2, 1, 0), strict=True)]
+          out = out | (terms[0] & terms[1] & terms[2])
+      env[dst] = out
+    elif op == "mul.rn.bf16x2":
+      halves = [
+        kern.nv._f32_to_bf16_bits(
+          kern.nv._bf16_bits_to_f32((a[0] >> np.uint32(s)) & np.uint32(0xFFFF))
+          * kern.nv._bf16_bits_to_f32((a[1] >> np.uint32(s)) & np.uint32(0xFFFF))
+        )
+        for s in (0, 16)
+      ]
+      env[dst] = halves[0] | (halves[1] << np.uint32(16))
+    else:
+      raise NotImplementedError(op)
+  return [env[f"${i}"] for i in range(n_out)]
+
+
+def test_decode_ptx_computes_what_the_emulator_models():
+  words = np.random.default_rng(0).integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+  for got, want in zip(run_ptx(kern.DECODE_PTX, 2, words), kern.decode_word_np(words), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+  "m,k,n,config",
+  [
+    (1, 512, 256, kern.TuningConfig(112)),  # last CTA pulled back over the previous one
+    (3, 384, 144, kern.TuningConfig(48, 2)),  # x slots at 256-byte offsets
+    (8, 768, 256, kern.TuningConfig(128, 2, split_k=3)),
+    (13, 512, 120, kern.TuningConfig(16, 3, split_k=2)),
+    (16, 1024, 200, None),
+  ],
+)
+def test_emulated_kernel_matches_reference(m, k, n, config):
+  w = weight(k, n, seed=m)
+  x = jax.random.normal(jax.random.key(m + 100), (m, k), jnp.bfloat16)
+  y = kern.emulate(x, w, config)
+  assert kern.nv.rel_err(y, ref_f32(x, w)) < 1e-5  # f32 accumulation on both sides
+
+
+def test_emulated_kernel_on_a_quantized_weight():
+  # Real quantizer output: per-channel scales, codes concentrated near the E4M3 maximum.
+  w_KN = jax.random.normal(jax.random.key(7), (256, 64)) * jnp.linspace(0.01, 3.0, 64)
+  w = fp8.quantize(w_KN, per_channel=True)
+  x = jax.random.normal(jax.random.key(8), (5, 256), jnp.bfloat16)
+  assert kern.nv.rel_err(kern.emulate(x, w), ref_f32(x, w)) < 1e-5
+
+
+def test_default_config_balances_the_chip():
+  assert kern.default_config(1, 8192, 28672) == kern.TuningConfig(112)  # 256 CTAs, <= 2 per SM
+  assert kern.default_config(1, 5120, 17408) == kern.TuningConfig(48)  # 363 CTAs, <= 3 per SM
+  c = kern.default_config(1, 768, 256)  # too few rows for 132 SMs: split K
+  assert c.split_k > 1 and 768 % (kern.TILE_K * c.split_k) == 0
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 8192, 28672), (16, 5120, 17408), (5, 384, 128)])
+def test_kernel_lowers_for_cuda_on_cpu(m, k, n):
+  w = jax.eval_shape(lambda: weight(k, n))
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  config = kern.default_config(m, k, n)
+  fn = jax.jit(lambda x, w: kern._mosaic_matmul(x, w, config))
+  text = jax.export.export(fn, platforms=["cuda"])(x, w).mlir_module()
+  assert "mosaic_gpu" in text
+
+
+def test_dispatch_falls_back_to_xla_on_cpu():
+  w = weight(512, 128)
+  x = jax.random.normal(jax.random.key(0), (4, 512), jnp.bfloat16)
+  y = kern.fp8_matmul(x, w)
+  assert y.dtype == jnp.bfloat16
+  assert kern.nv.rel_err(y, ref_f32(x, w)) < TOL
+  assert kern.nv.rel_err(kern.reference(x, w), ref_f32(x, w)) < TOL
+  y3 = w.matmul(x.reshape(2, 2, 512))
+  np.testing.assert_array_equal(np.asarray(y3).reshape(4, 128), np.asarray(kern.xla_matmul(x, w)))
+
+
+def test_bad_shapes_are_rejected():
+  with pytest.raises(ValueError, match="m=17"):
+    kern.TuningConfig().check(17, 512, 128)
+  with pytest.raises(ValueError, match="multiple of 16"):
+    kern.TuningConfig(120).check(1, 512, 192)
+  with pytest.raises(ValueError, match="divisible by 128"):
+    kern.TuningConfig().check(1, 320, 128)
+  w = weight(256, 64)
+  with pytest.raises(ValueError, match="x_MK has K=128"):
+    kern.fp8_matmul(jnp.ones((1, 128), jnp.bfloat16), w)
+  with pytest.raises(ValueError, match="scale_N"):
+    kern.fp8_matmul(jnp.ones((1, 256), jnp.bfloat16), fp8.FP8Weight(w.codes_NK, w.scale_N[:8]))
+  with pytest.raises(ValueError, match="implementation 'triton'"):
+    kern.fp8_matmul(jnp.ones((1, 256), jnp.bfloat16), w, implementation="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 15, 16])
+@pytest.mark.parametrize(
+  "k,n,config", [(4096, 1024, None), (1024, 512, kern.TuningConfig(64, 2, 2))]
+)
+def test_kernel_matches_reference_on_gpu(m, k, n, config):
+  w = weight(k, n, seed=m)
+  x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+  y = kern.fp8_matmul(x, w, config=config, implementation="mosaic")
+  assert kern.nv.rel_err(y, ref_f32(x, w)) < TOL
+
+
+@pytest.mark.gpu
+def test_weight_matmul_uses_the_kernel_on_gpu():
+  w = fp8.quantize(jax.random.normal(jax.random.key(3), (768, 256)), per_channel=True)
+  x = jax.random.normal(jax.random.key(4), (1, 5, 768), jnp.bfloat16)
+  text = jax.jit(w.matmul).lower(x).as_text()
+  assert "mosaic_gpu" in text
+  y = w.matmul(x).reshape(5, 256)
+  assert kern.nv.rel_err(y, ref_f32(x.reshape(5, 768), w)) < TOL
