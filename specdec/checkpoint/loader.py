@@ -236,19 +236,24 @@ def _read_quantized_linears(arrays, files, want, reader):
     if not path.endswith("/kernel"):
       continue
     module = names.module_of(path)
-    file = next((files[n] for n in files if n.startswith(module + ".")), "checkpoint")
     try:
       w = reader(module, get, lambda name: name in arrays, shape)
     except QuantFormatError as e:
-      raise CheckpointError(f"{file}: {e}") from e
+      raise CheckpointError(f"{_file_of(files, module)}: {e}") from e
     except KeyError as e:
-      raise CheckpointError(f"{file}: missing tensor {e}") from e
+      raise CheckpointError(f"{_file_of(files, module)}: missing tensor {e}") from e
     if tuple(w.shape) != tuple(shape):
       raise CheckpointError(
-        f"{file}: {module} has shape {tuple(w.shape)}, expected {tuple(shape)} (in, out)"
+        f"{_file_of(files, module)}: {module} has shape {tuple(w.shape)}, "
+        f"expected {tuple(shape)} (in, out)"
       )
     found[path] = w
   return found, consumed
+
+
+def _file_of(files: dict[str, str], module: str) -> str:
+  """The file holding a module's tensors, for an error message (a scan: only on the error path)."""
+  return next((files[n] for n in files if n.startswith(module + ".")), "checkpoint")
 
 
 def _tied_head(target: str, config: ModelConfig) -> bool:

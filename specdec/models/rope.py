@@ -1,5 +1,6 @@
 """Rotary position embeddings with the rope_scaling variants Qwen3 and Llama checkpoints use."""
 
+import functools
 import math
 
 import jax.numpy as jnp
@@ -49,8 +50,15 @@ def _llama3(inv_freq: np.ndarray, s: dict) -> np.ndarray:
   return np.where(medium, smoothed, scaled)
 
 
+@functools.cache  # every attention layer asks at trace time; the answer depends on the config only
 def inv_freq_and_scale(c: ModelConfig) -> tuple[np.ndarray, float]:
-  """Per-pair inverse frequencies [H/2] and the factor cos/sin are multiplied by."""
+  """Per-pair inverse frequencies [H/2] (read-only) and the factor cos/sin are multiplied by."""
+  inv_freq, scale = _inv_freq_and_scale(c)
+  inv_freq.flags.writeable = False  # shared by every caller
+  return inv_freq, scale
+
+
+def _inv_freq_and_scale(c: ModelConfig) -> tuple[np.ndarray, float]:
   exponents = np.arange(0, c.head_dim, 2, dtype=np.int64).astype(np.float32) / c.head_dim
   inv_freq = 1.0 / (c.rope_theta**exponents)
   s = c.rope_scaling_dict
