@@ -1,5 +1,6 @@
 """The sweep: rows, gate, resume (also after SIGKILL), and refusal of impossible configs."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -164,3 +165,36 @@ def test_chat_template_when_the_config_asks(tmp_path):
   chat, plain = _rows(str(out)), _rows(str(tmp_path / "raw"))
   assert all(r["extra"]["chat_template"] for r in chat)
   assert chat[0]["extra"]["prompt_lengths"][0] > plain[0]["extra"]["prompt_lengths"][0]
+
+
+def _runner_and_cell(temperature: float):
+  import specdec
+  from specdec import sweep
+
+  cfg = sweep.normalize(small_config(temperatures=(temperature,)))
+  cell = next(c for c in sweep.expand(cfg) if c.method == "ngram" and c.k == 3)
+  runner = sweep.Runner(cfg, specdec.load(TARGET, dtype=sweep.DTYPES[cfg.dtype]), {})
+  return runner, cell
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_gate_falls_back_to_the_same_shape_baseline(monkeypatch, temperature):
+  """A no-draft arm that disagrees (as 16-bit width-dependent rounding can make it) sends the gate
+  to the same-shape baseline; a drafted output that differs from that baseline too fails it."""
+  runner, cell = _runner_and_cell(temperature)
+  if temperature:
+    monkeypatch.setitem(runner._greedy_ref, (cell.prompt_tokens, 0), [[-1]])
+  row = runner.run(cell, 0, baseline_sha="not-the-no-draft-output")
+  assert row["gate_passed"] and "same-shape baseline" in row["gate"]
+
+  generate = runner._generate
+
+  def wrong_reject(c, ids, seed, drafter_name=None, temperature=None, acceptance=None):
+    g = generate(c, ids, seed, drafter_name, temperature, acceptance)
+    if acceptance == "reject":
+      return dataclasses.replace(g, tokens=[t[:-1] + [t[-1] + 1] for t in g.tokens])
+    return g
+
+  monkeypatch.setattr(runner, "_generate", wrong_reject)
+  row = runner.run(cell, 0, baseline_sha="not-the-no-draft-output")
+  assert not row["gate_passed"] and "same-shape baseline" in row["gate"]
