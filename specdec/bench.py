@@ -1,7 +1,8 @@
 """Timing of the step and its parts, each inside one jitted on-device loop.
 
-Every figure is the median over repetitions of (wall time of a loop of n iterations) / n, so host
-dispatch (~60 us on a GPU) is spread over n and the per-iteration cost is what remains:
+Every figure is a slope: (time of a loop of 2n iterations - time of a loop of n) / n, medians over
+repetitions. Whatever a call pays once cancels: host dispatch (~60 us on a GPU), the copy of a
+state the timing loop does not donate, the prefill that builds the step's fresh state.
   step           decode_chunk: the whole draft -> verify -> accept -> commit
   draft          the drafter's propose alone
   verify         the target forward over k+1 positions alone
@@ -33,14 +34,23 @@ class Shape:
   reps: int = 5
 
 
-def _median_time(fn, reps: int) -> float:
-  jax.block_until_ready(fn())  # compile and warm
+def timings(fn, reps: int) -> list[float]:
+  """Wall seconds of `reps` calls of fn, each waited for, after one call that compiles and warms."""
+  jax.block_until_ready(fn())
   times = []
   for _ in range(reps):
     t = time.perf_counter()
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - t)
-  return statistics.median(times)
+  return times
+
+
+def per_iteration(run, lo: int, hi: int, reps: int) -> tuple[float, float]:
+  """(seconds per iteration, seconds paid once per call) of run(n), an n-iteration loop, from the
+  medians at n = lo and n = hi."""
+  t_lo, t_hi = (statistics.median(timings(functools.partial(run, n), reps)) for n in (lo, hi))
+  slope = (t_hi - t_lo) / (hi - lo)
+  return slope, t_lo - lo * slope
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "n"))
@@ -57,7 +67,7 @@ def _draft_loop(dparams, st, sc, n):
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "n", "width"))
-def _verify_loop(params, st, sc, n, width):
+def verify_loop(params, st, sc, n, width):
   positions_BK1 = st.lengths[:, None] - 1 + jnp.arange(width, dtype=jnp.int32)
   tokens_BK1 = jnp.take_along_axis(st.tokens, positions_BK1, 1)
 
@@ -70,7 +80,7 @@ def _verify_loop(params, st, sc, n, width):
 
 
 @functools.partial(jax.jit, static_argnames=("n",))
-def _empty_loop(st, n):
+def empty_loop(st, n):
   return jax.lax.fori_loop(0, n, lambda i, s: s.replace(steps=s.steps + 1), st)
 
 
@@ -80,7 +90,7 @@ def time_step(model, drafter, shape: Shape, sampling=None, mode=None) -> dict:
   mode = mode or ("greedy" if sampling.greedy else "onehot")
   B, k, n = shape.batch, shape.k, shape.n_steps
   bucket = prompt_bucket(shape.prompt_tokens)
-  max_new = n * (k + 1) + 1
+  max_new = 2 * n * (k + 1) + 1  # room for the longer of the two timed loops
   slots = cache_slots(bucket, max_new, k)
   eos = ()  # rows never finish early: every iteration does full work
   sc = StepConfig(model.config, model.dtype, drafter, k, sampling, mode, eos)
@@ -94,19 +104,15 @@ def time_step(model, drafter, shape: Shape, sampling=None, mode=None) -> dict:
     )  # fmt: skip
 
   st = fresh()
-  out = {
-    "step": _median_time(
-      lambda: decode_chunk(model.params, drafter.params, fresh(), sc, n), shape.reps
-    ),
-    "prefill_only": _median_time(fresh, shape.reps),
-    "draft": _median_time(lambda: _draft_loop(drafter.params, st, sc, n), shape.reps),
-    "verify": _median_time(lambda: _verify_loop(model.params, st, sc, n, k + 1), shape.reps),
-    "target_fwd": _median_time(lambda: _verify_loop(model.params, st, sc, n, 1), shape.reps),
-    "loop": _median_time(lambda: _empty_loop(st, n), shape.reps),
+  runs = {
+    # decode_chunk donates its state, so every call starts from a fresh prefill (it cancels).
+    "step": lambda m: decode_chunk(model.params, drafter.params, fresh(), sc, m),
+    "draft": lambda m: _draft_loop(drafter.params, st, sc, m),
+    "verify": lambda m: verify_loop(model.params, st, sc, m, k + 1),
+    "target_fwd": lambda m: verify_loop(model.params, st, sc, m, 1),
+    "loop": lambda m: empty_loop(st, m),
   }
-  # decode_chunk's figure includes a prefill: its state is donated, so each rep needs a fresh one.
-  per = {key: v / n for key, v in out.items() if key != "prefill_only"}
-  per["step"] = (out["step"] - out["prefill_only"]) / n
+  per = {key: per_iteration(run, n, 2 * n, shape.reps)[0] for key, run in runs.items()}
   per["accept_commit"] = per["step"] - per["draft"] - per["verify"] - per["loop"]
   # What decides the draft-budget knee: a drafted token's cost in target forwards.
   per["draft_per_token_vs_target"] = per["draft"] / (k * per["target_fwd"])

@@ -1,4 +1,7 @@
-"""The step microbenchmark runs and reports every part (timings themselves are not asserted)."""
+"""The step microbenchmark runs and reports every part (timings themselves are not asserted, beyond
+the forwards costing something: a slope of the near-empty loop may come out at +-0 on a CPU)."""
+
+import math
 
 from specdec import bench
 from specdec.drafters import ngram
@@ -12,4 +15,5 @@ def test_time_step_reports_each_part():
   assert set(t) == {
     "step", "draft", "verify", "target_fwd", "loop", "accept_commit", "draft_per_token_vs_target"
   }  # fmt: skip
-  assert all(t[key] > 0 for key in ("step", "draft", "verify", "target_fwd", "loop"))
+  assert all(math.isfinite(v) for v in t.values())
+  assert all(t[key] > 0 for key in ("step", "verify", "target_fwd"))

@@ -1,0 +1,842 @@
+"""Decode speed of large random targets, and what bounds it (issue 9).
+
+Parts, each returning result rows (dicts) that carry their own conditions:
+  copy       the device copy ceiling of this run: a jitted copy of a big bf16 array
+  decode     one-token greedy decode steps (null drafter, k = 0) per (shape, format, B, context)
+  verify     a width-w target forward over the cache against width 1
+  attention  attention over the cache for w queries, per layer-call: XLA einsum (the model's own
+             `attend`), XLA's `dot_product_attention`, cuDNN's (with a mask bias, or with its
+             padding mask only; see `attention_op`)
+  loop       `bench.time_step` (k = 4 ngram), the empty loop's per-iteration slope and fixed cost,
+             and the copies in its optimized HLO; one subprocess per XLA_FLAGS arm
+  compile    lower + compile of the decode chunk in a fresh process, cold and then from the
+             persistent compilation cache (a second fresh process)
+
+Weights are pseudo-random fills made on the device in their own dtype, one small jitted kernel per
+leaf shape (no host transfer, no f32 copy, no per-leaf compile): speed does not depend on the
+values, and a fill is not zeros. Quantized weights are random codes of
+the stored shapes (NVFP4: codes, E4M3 block scales, global scales; EXL3: trellis, suh, svh). The KV
+cache is a fill too: timings start from a synthetic decode state, so no prefill runs.
+
+"Context" is the cache's slot count S: the model's attention reads every slot and masks, so a step
+reads all S slots of every row whatever the rows' lengths (they sit near the end of the cache).
+Bytes read per step = every weight as stored (scales included; the embedding table counts only the
+B rows gathered) + the K and V caches (2 L B S K H bytes x itemsize).
+"""
+
+import functools
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax.traverse_util import flatten_dict, unflatten_dict
+
+from specdec import bench
+from specdec.decoding.generate import cache_slots, prompt_bucket
+from specdec.decoding.sampling import Sampling
+from specdec.decoding.state import DecodeState, counters
+from specdec.decoding.step import StepConfig, decode_chunk
+from specdec.drafters import ngram, null
+from specdec.model import Model
+from specdec.models.config import ModelConfig, from_hf_dict
+from specdec.models.transformer import KVCache, Transformer, attend
+from specdec.quant.exl3 import Codebook, EXL3Weight
+from specdec.quant.nvfp4 import GROUP, NVFP4Weight
+from specdec.results import append_row, environment_fields
+
+FORMATS = ("bf16", "nvfp4", "exl3_4")
+PARTS = ("copy", "decode", "verify", "attention", "loop", "compile")
+ATTENTION_IMPLS = ("xla", "xla_sdpa", "cudnn", "cudnn_seqlen")
+COPY_CEILING_TBS = 4.24  # DESIGN.md section 9: torch device-to-device copy on the H200
+# Issue 9's bars, as a fraction of COPY_CEILING_TBS, for B = 1 decode.
+BARS = {"bf16": 0.85, "nvfp4": 0.70}
+EXL3_TILE = 128  # EXL3 pads both dimensions to its 128-point Hadamard
+RESULT_TAG = "BENCH_DECODE_RESULT "
+
+
+class BenchConfigError(ValueError):
+  """A bench_decode config that cannot run; raised before anything compiles."""
+
+
+# --- random weights and state, built on the device --------------------------------------------
+
+
+def _hash_u32(shape, seed) -> jax.Array:
+  """A cheap integer hash of each element's index: distinct per seed, fused into one kernel."""
+  x = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+  x = x * jnp.uint32(0x9E3779B1) + jnp.asarray(seed).astype(jnp.uint32) * jnp.uint32(0x85EBCA77)
+  x = (x ^ (x >> 15)) * jnp.uint32(0x2C1B3C6D)
+  return x ^ (x >> 13)
+
+
+# The seed is traced, not static: every leaf of one shape shares one executable, so building a
+# model compiles a handful of small kernels instead of one per leaf.
+@functools.partial(jax.jit, static_argnames=("shape", "dtype", "scale"))
+def fill(shape: tuple[int, ...], dtype, seed, scale: float = 0.02) -> jax.Array:
+  """Pseudo-random values of `dtype`: uniform in [-scale, scale) for floats, any bits for integers,
+  and for E4M3 only finite block scales in [0.5, 1) (random bytes would include NaN codes)."""
+  x = _hash_u32(shape, seed)
+  dtype = jnp.dtype(dtype)
+  if dtype == jnp.float8_e4m3fn:
+    return jax.lax.bitcast_convert_type(((x >> 24) & 0x7 | 0x30).astype(jnp.uint8), dtype)
+  if jnp.issubdtype(dtype, jnp.floating):
+    u = (x >> 8).astype(jnp.float32) * 2.0**-24
+    return ((2 * u - 1) * scale).astype(dtype)
+  bits = 8 * dtype.itemsize
+  unsigned = jnp.dtype(f"uint{bits}")
+  return jax.lax.bitcast_convert_type((x >> (32 - bits)).astype(unsigned), dtype)
+
+
+def model_config(shape: dict) -> ModelConfig:
+  """HF config keys (hidden_size, num_hidden_layers, ...) of a Qwen3-family dense shape."""
+  return from_hf_dict(
+    {"model_type": "qwen3", "max_position_embeddings": 1 << 20, **dict(shape)},
+    source="bench_decode shape",
+  )
+
+
+def _is_quantized_kernel(path: tuple[str, ...]) -> bool:
+  # As quantize_model: embeddings, norms and the LM head stay dense.
+  return path[-1] == "kernel" and path[0] != "lm_head"
+
+
+def _random_weight(path: tuple[str, ...], shape: tuple[int, ...], fmt: str, dtype, seed: int):
+  if fmt == "bf16" or not _is_quantized_kernel(path):
+    return fill(shape, dtype, seed)
+  k_in, n_out = shape
+  if fmt == "nvfp4":
+    return NVFP4Weight(
+      fill((n_out, k_in // 2), jnp.uint8, seed),
+      fill((n_out, k_in // GROUP), jnp.float8_e4m3fn, seed + 1),
+      fill((n_out,), jnp.float32, seed + 2),
+    )
+  bits = int(fmt.split("_")[1])
+  return EXL3Weight(
+    fill((k_in // 16, n_out // 16, 16 * bits), jnp.int16, seed),
+    fill((k_in,), jnp.float16, seed + 1, scale=1.0),
+    fill((n_out,), jnp.float16, seed + 2, scale=1.0),
+    None,
+    Codebook.MUL1,
+    k_in,
+    n_out,
+  )
+
+
+@functools.cache  # tracing a 64-layer init takes seconds; validation and every build reuse it
+def abstract_dense(config: ModelConfig, dtype=jnp.bfloat16) -> dict:
+  """{path: shape} of the dense params (Flax init traced, nothing allocated)."""
+  tok = jnp.zeros((1, 1), jnp.int32)
+  cache = KVCache.zeros(config, 1, 1, dtype)
+  tree = jax.eval_shape(Transformer(config, dtype).init, jax.random.key(0), tok, tok, cache)
+  return {path: leaf.shape for path, leaf in flatten_dict(tree["params"]).items()}
+
+
+def check_format(config: ModelConfig, fmt: str) -> None:
+  """Raises BenchConfigError naming the first linear layer `fmt` cannot store."""
+  if fmt not in FORMATS:
+    raise BenchConfigError(f"unknown format {fmt!r}; choose from {FORMATS}")
+  for path, shape in abstract_dense(config).items():
+    if fmt == "bf16" or len(shape) != 2 or not _is_quantized_kernel(path):
+      continue
+    mult = GROUP if fmt == "nvfp4" else EXL3_TILE
+    if shape[0] % mult or (fmt != "nvfp4" and shape[1] % mult):
+      raise BenchConfigError(
+        f"{'/'.join(path)} (in, out) = {shape}: {fmt} needs dimensions divisible by {mult}"
+      )
+
+
+def random_params(config: ModelConfig, fmt: str = "bf16", dtype=jnp.bfloat16, seed: int = 0):
+  """The Flax variables of a random `fmt` model, every leaf filled on the device in its dtype."""
+  dtype = jnp.dtype(dtype)
+  leaves = sorted(abstract_dense(config, dtype).items())
+  flat = {
+    path: _random_weight(path, shape, fmt, dtype, seed + 8 * i)
+    for i, (path, shape) in enumerate(leaves)
+  }
+  return {"params": unflatten_dict(flat)}
+
+
+def random_model(config: ModelConfig, fmt: str = "bf16", dtype=jnp.bfloat16) -> Model:
+  return Model(config, random_params(config, fmt, jnp.dtype(dtype)), dtype=jnp.dtype(dtype))
+
+
+def step_bytes(params, config: ModelConfig, batch: int, slots: int, kv_itemsize: int) -> dict:
+  """Bytes one decode step reads: weights as stored, and the K/V caches of all B rows."""
+  weights = sum(x.nbytes for x in jax.tree.leaves(params))
+  if not config.tie_word_embeddings:
+    table = params["params"]["embed"]["embedding"]
+    weights += batch * table.nbytes // table.shape[0] - table.nbytes  # only B rows are gathered
+  kv = 2 * config.num_layers * batch * slots * config.num_kv_heads * config.head_dim * kv_itemsize
+  return {"weight_bytes": int(weights), "kv_bytes": int(kv)}
+
+
+def synthetic_state(config: ModelConfig, batch: int, slots: int, start: int, k: int, dtype):
+  """A decode state whose rows have committed `start` tokens, as if a prefill had run."""
+  dtype = jnp.dtype(dtype)
+  shape_BSKH = (batch, slots, config.num_kv_heads, config.head_dim)
+  layers = range(config.num_layers)
+  cache = KVCache(
+    k=tuple(fill(shape_BSKH, dtype, 2 * i, scale=1.0) for i in layers),
+    v=tuple(fill(shape_BSKH, dtype, 2 * i + 1, scale=1.0) for i in layers),
+  )
+  return DecodeState(
+    tokens=(fill((batch, slots), jnp.uint32, 7) % config.vocab_size).astype(jnp.int32),
+    # The state is donated, and a buffer cannot be donated twice: no leaf may share one.
+    lengths=jnp.full((batch,), start, jnp.int32),
+    prompt_lengths=jnp.full((batch,), start, jnp.int32),
+    max_new=jnp.full((batch,), slots, jnp.int32),  # never reached: every step does full work
+    cache=cache,
+    draft=(),
+    key=jax.random.key(0),
+    done=jnp.zeros((batch,), bool),
+    **{name: jnp.copy(z) for name, z in counters(batch, k).items()},  # one zeros array, shared
+  )
+
+
+# --- timing helpers ----------------------------------------------------------------------------
+
+
+def compile_aot(fn, *args, **static):
+  """(compiled, seconds of lower + compile): the executable is called with the dynamic args only."""
+  t = time.perf_counter()
+  compiled = fn.lower(*args, **static).compile()
+  return compiled, time.perf_counter() - t
+
+
+def spread(per_s: list[float]) -> dict:
+  """Median, min and max in microseconds, and the spread (max - min) / median."""
+  med = statistics.median(per_s)
+  return {
+    "us": 1e6 * med,
+    "us_min": 1e6 * min(per_s),
+    "us_max": 1e6 * max(per_s),
+    "spread": (max(per_s) - min(per_s)) / med,
+    "reps": len(per_s),
+  }
+
+
+class Budget:
+  """Wall seconds left for the run; 0 means no limit."""
+
+  def __init__(self, seconds: float):
+    self.seconds = seconds
+    self.start = time.perf_counter()
+
+  def left(self) -> float:
+    return math.inf if not self.seconds else self.seconds - (time.perf_counter() - self.start)
+
+
+# --- parts ------------------------------------------------------------------------------------
+
+
+_copy = jax.jit(jnp.copy)  # not donated: XLA copies the array into a fresh output buffer
+
+
+def copy_bandwidth(gib: float, n: int, reps: int) -> dict:
+  """Device-to-device copy bandwidth, bytes read + written: per rep, n copies of a bf16 array
+  enqueued back to back (dispatch overlaps the copies) and waited for once."""
+  x = fill((int(gib * 2**29),), jnp.bfloat16, 0)
+  y = jax.block_until_ready(_copy(x))  # compile and warm
+  times = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    for _ in range(n):
+      y = _copy(x)  # the previous copy is freed once it is done
+    jax.block_until_ready(y)
+    times.append(time.perf_counter() - t)
+  tbs = [2 * x.nbytes * n / t / 1e12 for t in times]
+  return {"part": "copy", "gib": gib, "iters": n, "tb_s": statistics.median(tbs),
+          "tb_s_min": min(tbs), "tb_s_max": max(tbs), "reps": reps}  # fmt: skip
+
+
+def _null_step(config: ModelConfig, dtype) -> StepConfig:
+  return StepConfig(config, dtype, null(), 0, Sampling(), "greedy", ())
+
+
+def decode_cell(model: Model, batch: int, slots: int, n_steps: int, reps: int) -> dict:
+  """One-token greedy steps: `reps` chunks of n_steps, the state threaded (donated) through."""
+  sc = _null_step(model.config, model.dtype)
+  st = synthetic_state(model.config, batch, slots, slots - (reps + 1) * n_steps - 1, 0, model.dtype)
+  compiled, compile_s = compile_aot(decode_chunk, model.params, (), st, sc=sc, n_steps=n_steps)
+  st = jax.block_until_ready(compiled(model.params, (), st))  # warm
+  per_step = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    st = jax.block_until_ready(compiled(model.params, (), st))
+    per_step.append((time.perf_counter() - t) / n_steps)
+  nbytes = step_bytes(model.params, model.config, batch, slots, jnp.dtype(model.dtype).itemsize)
+  med = statistics.median(per_step)
+  total = nbytes["weight_bytes"] + nbytes["kv_bytes"]
+  return {
+    **spread(per_step),
+    **nbytes,
+    "tok_s": batch / med,
+    "tb_s": total / med / 1e12,
+    "n_steps": n_steps,
+    "compile_s": compile_s,
+  }
+
+
+def verify_cell(model: Model, slots: int, width: int, n: int, reps: int) -> dict:
+  """A width-`width` target forward over the cache (B = 1), LM head included.
+
+  bench.verify_loop does not donate the state, so each call also copies the cache into the loop's
+  buffers once: measured on the H200 as ~1.2 ms per call for the 8B shape's 1k cache (the empty
+  loop's fixed cost), i.e. ~20 us per iteration at n = 64, the same for every width.
+  """
+  sc = _null_step(model.config, model.dtype)
+  st = synthetic_state(model.config, 1, slots, slots - width, 0, model.dtype)
+  compiled, compile_s = compile_aot(bench.verify_loop, model.params, st, sc=sc, n=n, width=width)
+  times = bench.timings(lambda: compiled(model.params, st), reps)
+  return {**spread([t / n for t in times]), "iters": n, "compile_s": compile_s}
+
+
+def attention_op(impl: str):
+  """(q_BTNH, k_BSKH, v_BSKH, positions_BT) -> o_BTNH, query t seeing slots <= positions[:, t].
+
+  xla: the model's own einsum `attend`. xla_sdpa / cudnn: jax.nn.dot_product_attention with that
+  visibility as a boolean mask (which JAX turns into an additive bias [B, 1, T, S]). cudnn_seqlen:
+  cuDNN's padding mask (key_value_seq_lengths) and no bias: every query of a row sees the slots up
+  to the row's LAST position, exact for T = 1 only (its causal masks are top-left aligned, not the
+  bottom-right alignment a verify block needs), timed to show what the bias costs.
+  """
+  if impl == "xla":
+    return attend
+
+  def sdpa(q_BTNH, k_BSKH, v_BSKH, positions_BT):
+    if impl == "cudnn_seqlen":
+      return jax.nn.dot_product_attention(
+        q_BTNH, k_BSKH, v_BSKH, key_value_seq_lengths=positions_BT[:, -1] + 1,
+        implementation="cudnn",
+      )  # fmt: skip
+    visible_BTS = jnp.arange(k_BSKH.shape[1])[None, None, :] <= positions_BT[:, :, None]
+    implementation = "cudnn" if impl == "cudnn" else "xla"
+    return jax.nn.dot_product_attention(
+      q_BTNH, k_BSKH, v_BSKH, mask=visible_BTS[:, None], implementation=implementation
+    )
+
+  return sdpa
+
+
+@functools.partial(jax.jit, static_argnames=("impl", "n"))
+def _attention_loop(q_BTNH, cache: KVCache, positions_BT, impl: str, n: int):
+  op = attention_op(impl)
+
+  def body(i, q_BTNH):
+    # One call per layer on that layer's cache, as in the model, so K/V stream from HBM: looping
+    # over one layer's cache would time the 50 MB L2. Each output is the next query, so nothing
+    # is loop-invariant and nothing can be hoisted.
+    for k_BSKH, v_BSKH in zip(cache.k, cache.v, strict=True):
+      q_BTNH = op(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+    return q_BTNH
+
+  return jax.lax.fori_loop(0, n, body, q_BTNH)
+
+
+def attention_cell(
+  config: ModelConfig, batch: int, slots: int, width: int, impl: str, n: int, reps: int
+) -> dict:
+  """Seconds per layer-call of attention for `width` queries per row over an S = slots cache,
+  and its error against float32 `attend` on the same inputs."""
+  cache = synthetic_state(config, batch, slots, slots - width + 1, 0, jnp.dtype(jnp.bfloat16)).cache
+  shape_BTNH = (batch, width, config.num_heads, config.head_dim)
+  q_BTNH = fill(shape_BTNH, jnp.bfloat16, 1, scale=1.0)
+  positions_BT = jnp.broadcast_to(
+    slots - width + jnp.arange(width, dtype=jnp.int32), (batch, width)
+  )
+  layer0 = (q_BTNH, cache.k[0], cache.v[0])
+  o = jax.jit(attention_op(impl))(*layer0, positions_BT).astype(jnp.float32)
+  ref = attend(*(a.astype(jnp.float32) for a in layer0), positions_BT)
+  rel_err = float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref))
+  compiled, compile_s = compile_aot(_attention_loop, q_BTNH, cache, positions_BT, impl=impl, n=n)
+  times = bench.timings(lambda: compiled(q_BTNH, cache, positions_BT), reps)
+  per = [t / (n * config.num_layers) for t in times]
+  kv_bytes = cache.k[0].nbytes + cache.v[0].nbytes
+  return {
+    **spread(per),
+    "kv_bytes": kv_bytes,
+    "tb_s": kv_bytes / statistics.median(per) / 1e12,
+    "rel_err_vs_f32": rel_err,
+    "layer_calls": n * config.num_layers,
+    "compile_s": compile_s,
+  }
+
+
+_SHAPE_RE = re.compile(r"\b(pred|[usf]\d+|bf16|f8e4m3fn)\[([\d,]*)\]")
+_ITEMSIZE = {"pred": 1, "bf16": 2, "f8e4m3fn": 1}
+
+
+def _shape_bytes(shape_text: str) -> int:
+  m = _SHAPE_RE.search(shape_text)
+  if not m:
+    return 0
+  ty, dims = m.groups()
+  size = _ITEMSIZE.get(ty) or int(ty[1:]) // 8
+  return size * math.prod(int(d) for d in dims.split(",") if d)
+
+
+def hlo_copies(hlo_text: str) -> dict:
+  """Top-level copy / copy-start instructions of an optimized HLO module, split by whether they sit
+  in a while body (paid every iteration) or elsewhere (paid once per call): count and bytes."""
+  bodies = set(re.findall(r"\bbody=%?([\w.\-]+)", hlo_text))
+  fused = set(re.findall(r"\bcalls=%?([\w.\-]+)", hlo_text))
+  out = {"body": {"n": 0, "bytes": 0}, "elsewhere": {"n": 0, "bytes": 0}}
+  comp = None
+  for line in hlo_text.splitlines():
+    head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+    if head:
+      comp = head.group(1)
+      continue
+    m = re.match(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.+?) (copy|copy-start)\(", line)
+    if m and comp not in fused:
+      where = out["body" if comp in bodies else "elsewhere"]
+      where["n"] += 1
+      where["bytes"] += _shape_bytes(m.group(1))
+  return out
+
+
+def loop_overhead(
+  shape: dict, k: int, prompt_tokens: int, n_steps: int, reps: int, slope_n, hlo_path: str
+) -> dict:
+  """bench.time_step (k, ngram, B = 1) and the empty loop: its per-iteration cost as the slope of
+  the loop's time between two trip counts (dispatch and one-off copies cancel), its fixed cost per
+  call, and the copies in its optimized HLO (written to `hlo_path`)."""
+  config = model_config(shape)
+  model = random_model(config)
+  parts = bench.time_step(model, ngram(), bench.Shape(1, k, prompt_tokens, n_steps, reps))
+  slots = cache_slots(prompt_bucket(prompt_tokens), n_steps * (k + 1) + 1, k)
+  st = synthetic_state(config, 1, slots, prompt_tokens, k, model.dtype)
+  lo, hi = slope_n
+  per_iter, fixed = bench.per_iteration(functools.partial(bench.empty_loop, st), lo, hi, reps)
+  hlo = bench.empty_loop.lower(st, lo).compile().as_text()
+  Path(hlo_path).write_text(hlo)
+  return {
+    **{f"{key}_us": 1e6 * v for key, v in parts.items() if key != "draft_per_token_vs_target"},
+    "empty_loop_slope_us": 1e6 * per_iter,
+    "empty_loop_fixed_us": 1e6 * fixed,
+    "empty_loop_trip_counts": [lo, hi],
+    "state_bytes": sum(x.nbytes for x in jax.tree.leaves(st) if hasattr(x, "nbytes")),
+    "hlo_copies": hlo_copies(hlo),
+    "hlo_file": Path(hlo_path).name,
+  }
+
+
+def compile_time(shape: dict, fmt: str, batch: int, slots: int, n_steps: int, cache_dir: str):
+  """Lower + compile of the decode chunk from abstract inputs, with the persistent cache on."""
+  hits = []
+  jax.monitoring.register_event_listener(
+    lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None
+  )
+  jax.config.update("jax_compilation_cache_dir", cache_dir)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  config = model_config(shape)
+  dtype = jnp.dtype(jnp.bfloat16)
+  params = jax.eval_shape(lambda: random_params(config, fmt, dtype))
+  st = jax.eval_shape(lambda: synthetic_state(config, batch, slots, 1, 0, dtype))
+  t0 = time.perf_counter()
+  lowered = decode_chunk.lower(params, (), st, sc=_null_step(config, dtype), n_steps=n_steps)
+  t1 = time.perf_counter()
+  lowered.compile()
+  t2 = time.perf_counter()
+  return {"lower_s": t1 - t0, "compile_s": t2 - t1, "cache_hits": len(hits)}
+
+
+_CHILDREN = {"loop": loop_overhead, "compile": compile_time}
+
+
+def run_child(kind: str, kwargs: dict, xla_flags: str | None = None, timeout=None) -> dict:
+  """Runs _CHILDREN[kind](**kwargs) in a fresh Python process (its own XLA flags and caches)."""
+  env = dict(os.environ)
+  if xla_flags is not None:
+    env["XLA_FLAGS"] = xla_flags
+  spec = json.dumps({"kind": kind, "kwargs": kwargs})
+  p = subprocess.run(
+    [sys.executable, "-m", "specdec.bench_decode", spec],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=None if timeout is None or math.isinf(timeout) else timeout,
+  )
+  lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+  if p.returncode or not lines:
+    raise RuntimeError(f"{kind} subprocess exited {p.returncode}: {p.stderr[-2000:]}")
+  return json.loads(lines[-1][len(RESULT_TAG) :])
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+def _slots_needed(cfg) -> dict:
+  return {
+    "decode": (cfg.reps + 1) * cfg.n_steps + 2,
+    "verify": max(cfg.verify.widths) + 1,
+    "attention": max(cfg.attention.widths) + 1,
+    "compile": cfg.n_steps + 2,
+  }
+
+
+def parse_parts(parts) -> list[tuple[str, tuple[str, ...] | None]]:
+  """'decode' runs every configured format; 'decode.nvfp4' only that one (to order priorities)."""
+  out = []
+  for name in parts:
+    part, _, fmt = name.partition(".")
+    if part not in PARTS or (fmt and part != "decode"):
+      raise BenchConfigError(f"unknown part {name!r}; choose from {PARTS} (or decode.<format>)")
+    out.append((part, (fmt,) if fmt else None))
+  return out
+
+
+def validate(cfg) -> None:
+  """Every problem a run would meet, raised before anything compiles."""
+  parts = parse_parts(cfg.parts)
+  for name in cfg.shape_names:
+    if name not in cfg.shapes:
+      raise BenchConfigError(f"shape_names: unknown shape {name!r}; known: {sorted(cfg.shapes)}")
+  for sub in ("verify", "attention", "loop", "compile"):
+    if cfg[sub].shape not in cfg.shapes:
+      raise BenchConfigError(f"{sub}.shape: unknown shape {cfg[sub].shape!r}")
+  formats = set(cfg.formats) | {fmt for _, fmts in parts for fmt in fmts or ()}
+  formats |= {cfg.compile.format}
+  for fmt in sorted(formats):
+    if fmt not in FORMATS:
+      raise BenchConfigError(f"unknown format {fmt!r}; choose from {FORMATS}")
+  for name in cfg.shape_names:
+    for fmt in sorted(formats):
+      check_format(model_config(cfg.shapes[name]), fmt)
+  if min(cfg.batches) < 1 or cfg.n_steps < 1 or cfg.reps < 1:
+    raise BenchConfigError("batches, n_steps and reps must be >= 1")
+  if min(cfg.verify.widths) < 1 or min(cfg.attention.widths) < 1:
+    raise BenchConfigError("verify and attention widths must be >= 1")
+  need = _slots_needed(cfg)
+  ctxs = {
+    "decode": cfg.contexts,
+    "verify": cfg.verify.contexts,
+    "attention": cfg.attention.contexts,
+    "compile": (cfg.compile.context,),
+  }
+  for part, contexts in ctxs.items():
+    if min(contexts) < need[part]:
+      raise BenchConfigError(
+        f"{part}: context {min(contexts)} is too small; it needs >= {need[part]} slots"
+      )
+  for impl in cfg.attention.impls:
+    if impl not in ATTENTION_IMPLS:
+      raise BenchConfigError(f"unknown attention impl {impl!r}; choose from {ATTENTION_IMPLS}")
+  cudnn = [impl for impl in cfg.attention.impls if impl.startswith("cudnn")]
+  if any(p == "attention" for p, _ in parts) and cudnn:
+    if jax.default_backend() != "gpu":
+      raise BenchConfigError(f"attention impls {cudnn} need a GPU; drop them from attention.impls")
+  for flags in cfg.loop.xla_flags:
+    if flags and not all(f.startswith("--") for f in flags.split()):
+      raise BenchConfigError(f"loop.xla_flags entry {flags!r}: every flag must start with '--'")
+  if len(cfg.loop.slope_n) != 2 or not 0 < cfg.loop.slope_n[0] < cfg.loop.slope_n[1]:
+    raise BenchConfigError(f"loop.slope_n must be two increasing trip counts: {cfg.loop.slope_n}")
+
+
+class Runner:
+  """Runs the parts in order, appending each row to results.jsonl as soon as it is measured."""
+
+  def __init__(self, cfg, out_dir: str):
+    self.cfg = cfg
+    self.out = Path(out_dir)
+    self.out.mkdir(parents=True, exist_ok=True)
+    self.budget = Budget(cfg.budget_s)
+    self.rows: list[dict] = []
+    self.env = environment_fields()
+    self.copy_tbs = None
+
+  def emit(self, row: dict) -> None:
+    row = append_row(self.out / "results.jsonl", {**row, **self.env}, validate=False)
+    self.rows.append(row)
+    print(json.dumps(row), flush=True)
+
+  def guarded(self, conditions: dict, measure, *args) -> None:
+    """One cell: its row, or a row saying it was skipped (budget) or failed (the error)."""
+    if self.budget.left() <= 0:
+      self.emit({**conditions, "skipped": "time budget spent"})
+      return
+    try:
+      self.emit({**conditions, **measure(*args)})
+    except Exception as e:  # one failing cell (say cuDNN refusing a shape) must not end the run
+      self.emit({**conditions, "error": f"{type(e).__name__}: {e}"[:2000]})
+
+  def run(self) -> list[dict]:
+    for part, fmts in parse_parts(self.cfg.parts):
+      getattr(self, f"_{part}")(*([fmts] if part == "decode" else []))
+    return self.rows
+
+  def _copy(self):
+    self.guarded({"part": "copy"}, self._copy_cell)
+
+  def _copy_cell(self) -> dict:
+    row = copy_bandwidth(self.cfg.copy_gib, self.cfg.copy_iters, self.cfg.reps)
+    self.copy_tbs = row["tb_s"]
+    return row
+
+  def _shape_row(self, name: str, fmt: str) -> dict:
+    config = model_config(self.cfg.shapes[name])
+    return {
+      "shape": name,
+      "format": fmt,
+      **dict(self.cfg.shapes[name]),
+      "tie_word_embeddings": config.tie_word_embeddings,
+    }
+
+  def _decode(self, fmts):
+    c = self.cfg
+    for fmt in fmts or c.formats:
+      for name in c.shape_names:
+        model = self._model(name, fmt)
+        for batch in c.batches:
+          for ctx in c.contexts:
+            cond = {"part": "decode", **self._shape_row(name, fmt), "batch": batch, "context": ctx}
+            self.guarded(cond, self._decode_cell, model, batch, ctx)
+        del model  # frees this shape's weights before the next one is built
+
+  def _model(self, name: str, fmt: str) -> Model | None:
+    """The random model, or None once the budget is spent (its cells are then only recorded)."""
+    return (
+      random_model(model_config(self.cfg.shapes[name]), fmt) if self.budget.left() > 0 else None
+    )
+
+  def _decode_cell(self, model: Model, batch: int, ctx: int) -> dict:
+    row = decode_cell(model, batch, ctx, self.cfg.n_steps, self.cfg.reps)
+    row["pct_of_4_24"] = 100 * row["tb_s"] / COPY_CEILING_TBS
+    if self.copy_tbs:
+      row["pct_of_measured_copy"] = 100 * row["tb_s"] / self.copy_tbs
+    return row
+
+  def _verify(self):
+    v = self.cfg.verify
+    model = self._model(v.shape, v.format)
+    for ctx in v.contexts:
+      for width in v.widths:
+        cond = {
+          "part": "verify",
+          **self._shape_row(v.shape, v.format),
+          "batch": 1,
+          "context": ctx,
+          "width": width,
+        }
+        self.guarded(cond, verify_cell, model, ctx, width, v.iters, self.cfg.reps)
+    del model
+
+  def _attention(self):
+    a = self.cfg.attention
+    config = model_config(self.cfg.shapes[a.shape])
+    for ctx in a.contexts:
+      for width in a.widths:
+        for impl in a.impls:
+          cond = {
+            "part": "attention",
+            "shape": a.shape,
+            "batch": a.batch,
+            "context": ctx,
+            "width": width,
+            "impl": impl,
+          }
+          self.guarded(
+            cond, attention_cell, config, a.batch, ctx, width, impl, a.iters, self.cfg.reps
+          )
+
+  def _loop(self):
+    lp = self.cfg.loop
+    for i, flags in enumerate(lp.xla_flags):
+      kwargs = dict(
+        shape=dict(self.cfg.shapes[lp.shape]),
+        k=lp.k,
+        prompt_tokens=lp.prompt_tokens,
+        n_steps=lp.n_steps,
+        reps=self.cfg.reps,
+        slope_n=list(lp.slope_n),
+        hlo_path=str(self.out / f"empty_loop_arm{i}.hlo.txt"),
+      )
+      cond = {
+        "part": "loop",
+        "shape": lp.shape,
+        "k": lp.k,
+        "drafter": "ngram",
+        "batch": 1,
+        "prompt_tokens": lp.prompt_tokens,
+        "n_steps": lp.n_steps,
+        "xla_flags": flags,
+      }
+      self.guarded(cond, self._child, "loop", kwargs, flags)
+
+  def _compile(self):
+    cp = self.cfg.compile
+    kwargs = dict(
+      shape=dict(self.cfg.shapes[cp.shape]),
+      fmt=cp.format,
+      batch=cp.batch,
+      slots=cp.context,
+      n_steps=self.cfg.n_steps,
+    )
+    with tempfile.TemporaryDirectory(prefix="jax-cache-") as cache_dir:
+      for run in ("cold", "cached"):
+        cond = {
+          "part": "compile",
+          **self._shape_row(cp.shape, cp.format),
+          "batch": cp.batch,
+          "context": cp.context,
+          "n_steps": self.cfg.n_steps,
+          "run": run,
+        }
+        self.guarded(cond, self._child, "compile", {**kwargs, "cache_dir": cache_dir}, None)
+
+  def _child(self, kind: str, kwargs: dict, xla_flags: str | None) -> dict:
+    return run_child(kind, kwargs, xla_flags, timeout=self.budget.left())
+
+
+# --- Markdown -----------------------------------------------------------------------------------
+
+
+def _fmt_us(r: dict) -> str:
+  return f"{r['us']:.1f} ({r['us_min']:.1f}-{r['us_max']:.1f})"
+
+
+def _status(r: dict) -> str | None:
+  if "skipped" in r:
+    return f"skipped: {r['skipped']}"
+  if "error" in r:
+    return f"error: {r['error'][:200]}"
+  return None
+
+
+def markdown(rows: list[dict]) -> str:
+  """The run's tables: every figure with its spread (min-max over reps) and conditions."""
+  by = lambda part: [r for r in rows if r.get("part") == part]  # noqa: E731
+  out = []
+  for r in by("copy"):
+    if _status(r):
+      out.append(f"copy: {_status(r)}")
+    else:
+      out.append(
+        f"Copy ceiling (bf16 {r['gib']} GiB jitted copy x{r['iters']}, read + write): "
+        f"{r['tb_s']:.2f} TB/s ({r['tb_s_min']:.2f}-{r['tb_s_max']:.2f}, {r['reps']} reps)"
+      )
+  if by("decode"):
+    out += [
+      "",
+      "### Decode (one-token greedy step, null drafter, in-jit chunks)",
+      "",
+      "| shape | format | B | ctx | step us (min-max) | tok/s | GB read/step (weights + KV) "
+      "| TB/s | % of measured copy | % of 4.24 | bar | compile s |",
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in by("decode"):
+      head = f"| {r['shape']} | {r['format']} | {r.get('batch', '')} | {r.get('context', '')} |"
+      if _status(r):
+        out.append(f"{head} {_status(r)} |||||||| ")
+        continue
+      bar = BARS.get(r["format"]) if r["batch"] == 1 else None
+      bar_txt = "" if bar is None else ("met" if r["pct_of_4_24"] >= 100 * bar else "NOT met")
+      bar_txt += f" (>= {100 * bar:.0f}%)" if bar else ""
+      gb = (
+        f"{(r['weight_bytes'] + r['kv_bytes']) / 1e9:.2f} ({r['weight_bytes'] / 1e9:.2f} + "
+        f"{r['kv_bytes'] / 1e9:.2f})"
+      )
+      measured = r.get("pct_of_measured_copy")
+      out.append(
+        f"{head} {_fmt_us(r)} | {r['tok_s']:.1f} | {gb} | {r['tb_s']:.2f} | "
+        f"{'' if measured is None else f'{measured:.1f}%'} | {r['pct_of_4_24']:.1f}% | {bar_txt} | "
+        f"{r['compile_s']:.1f} |"
+      )
+  if by("verify"):
+    base = {r["context"]: r["us"] for r in by("verify") if r.get("width") == 1 and "us" in r}
+    out += [
+      "",
+      "### Verify width (target forward over the cache, B = 1, LM head included)",
+      "",
+      "| shape | ctx | width | fwd us (min-max) | x width 1 | compile s |",
+      "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in by("verify"):
+      head = f"| {r['shape']} | {r['context']} | {r['width']} |"
+      if _status(r):
+        out.append(f"{head} {_status(r)} |||")
+        continue
+      ratio = f"{r['us'] / base[r['context']]:.3f}" if r["context"] in base else ""
+      out.append(f"{head} {_fmt_us(r)} | {ratio} | {r['compile_s']:.1f} |")
+  if by("attention"):
+    out += [
+      "",
+      "### Attention over the cache, one layer-call (bf16, w queries per row)",
+      "",
+      "| shape | B | ctx | width | impl | us (min-max) | KV TB/s | rel err vs f32 |",
+      "|---|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in by("attention"):
+      head = f"| {r['shape']} | {r['batch']} | {r['context']} | {r['width']} | {r['impl']} |"
+      if _status(r):
+        out.append(f"{head} {_status(r)} |||")
+        continue
+      out.append(f"{head} {_fmt_us(r)} | {r['tb_s']:.2f} | {r['rel_err_vs_f32']:.1e} |")
+  if by("loop"):
+    out += [
+      "",
+      "### Step parts and loop overhead per XLA_FLAGS arm (bench.time_step, us)",
+      "",
+      "| XLA_FLAGS | step | draft | verify | target fwd | accept+commit | loop (time_step) "
+      "| empty loop slope | empty loop fixed | HLO copies in while body / elsewhere |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in by("loop"):
+      head = f"| `{r['xla_flags'] or '(default)'}` |"
+      if _status(r):
+        out.append(f"{head} {_status(r)} |||||||||")
+        continue
+      c = r["hlo_copies"]
+      copies = (
+        f"{c['body']['n']} ({c['body']['bytes'] / 1e6:.1f} MB) / "
+        f"{c['elsewhere']['n']} ({c['elsewhere']['bytes'] / 1e6:.1f} MB)"
+      )
+      keys = (
+        "step",
+        "draft",
+        "verify",
+        "target_fwd",
+        "accept_commit",
+        "loop",
+        "empty_loop_slope",
+        "empty_loop_fixed",
+      )
+      out.append(head + "".join(f" {r[f'{k}_us']:.1f} |" for k in keys) + f" {copies} |")
+  if by("compile"):
+    out += [
+      "",
+      "### Compile of the decode chunk (fresh process each)",
+      "",
+      "| shape | format | B | ctx | n_steps | run | lower s | compile s | cache hits |",
+      "|---|---|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in by("compile"):
+      head = (
+        f"| {r['shape']} | {r['format']} | {r['batch']} | {r['context']} | {r['n_steps']} "
+        f"| {r['run']} |"
+      )
+      if _status(r):
+        out.append(f"{head} {_status(r)} |||")
+        continue
+      out.append(f"{head} {r['lower_s']:.2f} | {r['compile_s']:.2f} | {r['cache_hits']} |")
+  return "\n".join(out)
+
+
+def _child_main(spec_json: str) -> None:
+  spec = json.loads(spec_json)
+  result = _CHILDREN[spec["kind"]](**spec["kwargs"])
+  print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+  _child_main(sys.argv[1])
