@@ -280,23 +280,7 @@ def _mosaic_matmul(x_MK: jax.Array, w: FP8Weight, config: TuningConfig) -> jax.A
       plgpu.SMEM((4, tn, 8 * nt), jnp.float32),
     )
 
-  out_type = (
-    jax.ShapeDtypeStruct((m, n), jnp.bfloat16)
-    if splits == 1
-    else jax.ShapeDtypeStruct((splits, m, n), jnp.float32)
-  )
-  call = plgpu.kernel(
-    kernel,
-    out_type=out_type,
-    grid=(math.ceil(n / tn), splits),
-    grid_names=("n", "k"),
-    compiler_params=plgpu.CompilerParams(
-      lowering_semantics=plgpu.LoweringSemantics.Lane,
-      # SMEM is only read by threads and written by TMA; `_step` syncs the warpgroup itself once
-      # its reads of a slot are done, before the pipeline refills that slot.
-      unsafe_no_auto_barriers=True,
-    ),
-  )
+  call = nv.launch(kernel, nv.gemv_out_type(m, n, splits), math.ceil(n / tn), splits)
   # Bitcast and row-major reshapes: free in XLA; TMA gets one 128-byte line per block row.
   out = call(
     x_MK.astype(jnp.bfloat16).reshape(m, k // 64, 64),
@@ -355,14 +339,10 @@ def fp8_matmul(
   config: TuningConfig | None = None,
   implementation: str | None = None,
 ) -> jax.Array:
-  """x [M, K] @ w (K, N) -> bf16 [M, N]; the Mosaic GPU kernel where it applies, else XLA.
-
-  implementation: None (kernel if supported, else XLA), "mosaic" (kernel or raise), "xla".
-  """
-  if implementation not in (None, "mosaic", "xla"):
-    raise ValueError(f"unknown implementation {implementation!r}")
+  """x [M, K] @ w (K, N) -> bf16 [M, N]; the Mosaic GPU kernel where it applies, else XLA (see
+  `nvfp4_gemv.use_kernel` for `implementation`)."""
   _check_operands(x_MK, w)
-  if implementation == "xla" or (implementation is None and not supported(x_MK, w, config)):
+  if not nv.use_kernel(implementation, supported(x_MK, w, config)):
     return xla_matmul(x_MK, w)
   m, k = x_MK.shape
   return _mosaic_matmul(x_MK, w, config or default_config(m, k, w.shape[1]))

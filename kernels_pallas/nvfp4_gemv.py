@@ -739,6 +739,37 @@ def _acc_pack(acc, like, nb: int, nt: int):
 _SWIZZLED = (plgpu.SwizzleTransform(128),)
 
 
+def gemv_out_type(m: int, n: int, splits: int) -> jax.ShapeDtypeStruct:
+  """[M, N] bf16, or f32 partials [splits, M, N] that XLA sums when K is split."""
+  if splits == 1:
+    return jax.ShapeDtypeStruct((m, n), jnp.bfloat16)
+  return jax.ShapeDtypeStruct((splits, m, n), jnp.float32)
+
+
+def launch(kernel, out_type, n_blocks: int, splits: int):
+  """The (n, k) grid launch every GEMV kernel here uses: one warpgroup per CTA, Lane semantics."""
+  return plgpu.kernel(
+    kernel,
+    out_type=out_type,
+    grid=(n_blocks, splits),
+    grid_names=("n", "k"),
+    compiler_params=plgpu.CompilerParams(
+      lowering_semantics=plgpu.LoweringSemantics.Lane,
+      # SMEM is only read by threads and written by TMA; `_step` syncs the warpgroup itself once
+      # its reads of a slot are done, before the pipeline refills that slot.
+      unsafe_no_auto_barriers=True,
+    ),
+  )
+
+
+def use_kernel(implementation: str | None, supported: bool) -> bool:
+  """implementation: None (the kernel where supported, else XLA), "mosaic" (the kernel, or its
+  config check raises), "xla"."""
+  if implementation not in (None, "mosaic", "xla"):
+    raise ValueError(f"unknown implementation {implementation!r}")
+  return implementation == "mosaic" or (implementation is None and supported)
+
+
 def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax.Array:
   m, k = x_MK.shape
   n = w.shape[1]
@@ -802,23 +833,7 @@ def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax
       plgpu.SMEM((4, tn, 8 * nt), jnp.float32),
     )
 
-  out_type = (
-    jax.ShapeDtypeStruct((m, n), jnp.bfloat16)
-    if splits == 1
-    else jax.ShapeDtypeStruct((splits, m, n), jnp.float32)
-  )
-  call = plgpu.kernel(
-    kernel,
-    out_type=out_type,
-    grid=(math.ceil(n / tn), splits),
-    grid_names=("n", "k"),
-    compiler_params=plgpu.CompilerParams(
-      lowering_semantics=plgpu.LoweringSemantics.Lane,
-      # SMEM is only read by threads and written by TMA; `_step` syncs the warpgroup itself once
-      # its reads of a slot are done, before the pipeline refills that slot.
-      unsafe_no_auto_barriers=True,
-    ),
-  )
+  call = launch(kernel, gemv_out_type(m, n, splits), math.ceil(n / tn), splits)
   # Row-major reshapes: free in XLA, and they give TMA one 128-byte line per block row.
   out = call(
     x_MK.astype(jnp.bfloat16).reshape(m, k // 64, 64),
@@ -865,17 +880,12 @@ def nvfp4_matmul(
   config: TuningConfig | None = None,
   implementation: str | None = None,
 ) -> jax.Array:
-  """x [M, K] @ w (K, N) -> bf16 [M, N]; the Mosaic GPU kernel where it applies, else XLA.
-
-  implementation: None (kernel if supported, else XLA), "mosaic" (kernel or raise), "xla".
-  """
-  m, k = x_MK.shape
-  n = w.shape[1]
-  if implementation == "xla" or (implementation is None and not supported(x_MK, w, config)):
+  """x [M, K] @ w (K, N) -> bf16 [M, N]; the Mosaic GPU kernel where it applies, else XLA (see
+  `use_kernel` for `implementation`)."""
+  if not use_kernel(implementation, supported(x_MK, w, config)):
     return xla_matmul(x_MK, w)
-  if implementation not in (None, "mosaic"):
-    raise ValueError(f"unknown implementation {implementation!r}")
-  return _mosaic_matmul(x_MK, w, config or default_config(m, k, n))
+  m, k = x_MK.shape
+  return _mosaic_matmul(x_MK, w, config or default_config(m, k, w.shape[1]))
 
 
 # ------------------------------------------------------------------------------------------------
