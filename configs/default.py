@@ -36,4 +36,7 @@ def get_config():
   c.kv_dtypes = ("model",)
   c.batches = (1,)
   c.ngram = ml_collections.ConfigDict({"min_n": 1, "max_n": 4})
+  # Share of the device's memory the params + decode state may fill (vLLM's
+  # gpu_memory_utilization); a cell that does not fit is refused before the sweep starts.
+  c.memory_fraction = 0.9
   return c

@@ -130,6 +130,10 @@ def validate(
   for name in ("ks", "prompt_tokens", "temperatures", "batches", "methods"):
     if not len(cfg[name]):
       raise SweepError(f"config.{name} is empty")
+  try:
+    memory.check_fraction(cfg.memory_fraction)
+  except ValueError as e:
+    raise SweepError(f"config.memory_fraction: {e}") from e
   if cfg.legs < 2:
     raise SweepError(f"config.legs={cfg.legs}: arms need >= 2 interleaved legs")
   if cfg.n_prompts < 2:
@@ -245,7 +249,10 @@ class Runner:
     bucket = self.bucket(cell.prompt_tokens)
     slots = cache_slots(bucket, self.cfg.max_new_tokens, cell.k)
     drafter = self.drafters[cell.method]
-    memory.check_fits(self.target, drafter, cell.k, cell.batch, bucket, slots, kv_dtype(cell))
+    memory.check_fits(
+      self.target, drafter, cell.k, cell.batch, bucket, slots, kv_dtype(cell),
+      self.cfg.memory_fraction,
+    )  # fmt: skip
 
   def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
     t = cell.temperature if temperature is None else temperature
@@ -258,6 +265,7 @@ class Runner:
       drafter=self.drafters[name], k=cell.k if name != "null" else 0,
       acceptance=acceptance or (cell.acceptance if t else "greedy"),
       min_bucket=self.bucket(cell.prompt_tokens), kv_dtype=kv_dtype(cell),
+      memory_fraction=self.cfg.memory_fraction,
     )  # fmt: skip
 
   def run(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:

@@ -97,6 +97,7 @@ def test_killed_sweep_loses_at_most_the_cell_in_flight(tmp_path):
     (dict(acceptances=("typical",)), "unknown acceptance mode 'typical'"),
     (dict(temperatures=(0.6,), acceptances=("greedy",)), "needs temperature=0"),
     (dict(dtype="float8"), "config.dtype"),
+    (dict(memory_fraction=1.5), "config.memory_fraction"),
   ],
 )
 def test_impossible_configs_are_refused_before_running(tmp_path, kw, fragment):
