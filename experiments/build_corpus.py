@@ -1,6 +1,6 @@
 """Builds the tiny-zoo corpus: manifest, tokenizer and (optionally) token arrays.
 
-  python -m experiments.build_corpus --out_dir runs/corpus [--tokens]
+  python -m experiments.build_corpus --out_dir runs/corpus [--tokens] [--include_tests]
 
 writes manifest.json (every file's path, sha256 and split), tokenizer.json, stats.json and, with
 --tokens, train.npy / heldout.npy: uint16 token streams, each document followed by EOS (id 0).
@@ -19,6 +19,7 @@ _OUT_DIR = flags.DEFINE_string("out_dir", None, "where the outputs go", required
 _VOCAB = flags.DEFINE_integer("vocab_size", tokenizer.VOCAB_SIZE, "BPE vocabulary size")
 _HELDOUT = flags.DEFINE_float("heldout_fraction", corpus.HELDOUT_FRACTION, "files held out")
 _TOKENS = flags.DEFINE_bool("tokens", False, "also write train.npy and heldout.npy (uint16)")
+_TESTS = flags.DEFINE_bool("include_tests", False, "take the stdlib's test suites in too")
 
 
 def main(argv):
@@ -26,7 +27,7 @@ def main(argv):
   out = Path(_OUT_DIR.value)
   out.mkdir(parents=True, exist_ok=True)
 
-  corp = corpus.build_corpus(heldout_fraction=_HELDOUT.value)
+  corp = corpus.build_corpus(heldout_fraction=_HELDOUT.value, include_tests=_TESTS.value)
   corp.write_manifest(out / "manifest.json")
   leaks = corp.humaneval["collisions"]
   print(f"corpus: {corp.stats()}  HumanEval collisions: {len(leaks)}")

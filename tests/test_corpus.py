@@ -37,7 +37,7 @@ def test_file_list_is_deterministic_and_filtered():
   for rel in kept:
     parts = rel.split("/")
     assert rel.endswith(".py")
-    assert not corpus.EXCLUDED_DIR_NAMES & set(parts[:-1]), rel
+    assert not (corpus.EXCLUDED_DIR_NAMES | corpus.TEST_DIR_NAMES) & set(parts[:-1]), rel
     assert (root / rel).stat().st_size <= corpus.MAX_FILE_BYTES, rel
   assert "os.py" in kept and "asyncio/tasks.py" in kept
 
@@ -70,6 +70,12 @@ def test_exclusion_rules(tmp_path):
   corp = corpus.build_corpus(tmp_path, check_humaneval=False)
   assert [f.path for f in corp.files] == ["a.py", "idlelib/run.py", "pkg/b.py"]
   assert ("latin1.py", "not-utf8") in corp.excluded
+  with_tests, _ = corpus.list_source_files(tmp_path, include_tests=True)
+  assert set(with_tests) - set(kept) == {
+    "test/test_a.py", "pkg/tests/test_b.py", "idlelib/idle_test/test_c.py", "lib2to3/tests/data.py"
+  }  # fmt: skip
+  corp = corpus.build_corpus(tmp_path, check_humaneval=False, include_tests=True)
+  assert corp.manifest()["include_tests"]
 
 
 def test_split_is_a_stable_function_of_the_path(stdlib_corpus):

@@ -2,8 +2,10 @@
 
 The stdlib of the interpreter running the project is on every machine, needs no download and is
 pinned by the Python version, so a corpus built from it is reproducible from a manifest (relative
-path, sha256, split) alone. Test suites are left out: they are mostly boilerplate, and HumanEval,
-the evaluation workload, must not leak into training (`find_humaneval_collisions`).
+path, sha256, split) alone. Test suites are left out by default (they are mostly boilerplate;
+`include_tests` takes them in: 18.6 MB more Python on 3.12.1, for a target that overfits the 10.5 MB
+without them). HumanEval, the evaluation workload, must not leak into training either way
+(`find_humaneval_collisions`).
 """
 
 import dataclasses
@@ -23,8 +25,8 @@ SPLIT_SALT = "specdec-corpus-v1"
 SPLITS = ("train", "heldout")
 
 # Any path component with one of these names drops the whole subtree.
-EXCLUDED_DIR_NAMES = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
-EXCLUDED_PREFIXES = ("idlelib/idle_test/", "lib2to3/tests/")
+EXCLUDED_DIR_NAMES = frozenset({"site-packages", "__pycache__"})
+TEST_DIR_NAMES = frozenset({"test", "tests", "idle_test"})
 # Written at build time of the interpreter (paths, compiler flags): not source, and different on
 # every install, which would make the manifest machine-specific.
 BUILD_SPECIFIC_PREFIXES = ("_sysconfigdata_", "config-")
@@ -62,12 +64,16 @@ def split_of(rel_path: str, heldout_fraction: float = HELDOUT_FRACTION) -> str:
   return "heldout" if u < heldout_fraction else "train"
 
 
-def list_source_files(root: str | Path | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+def list_source_files(
+  root: str | Path | None = None, include_tests: bool = False
+) -> tuple[list[str], list[tuple[str, str]]]:
   """(kept, excluded): sorted relative paths of the *.py files, and (path, reason) of the rest.
 
-  Excluded subtrees (test directories, site-packages) are not listed at all, only skipped.
+  Excluded subtrees (site-packages, and test directories unless include_tests) are not listed at
+  all, only skipped.
   """
   root = Path(root) if root is not None else stdlib_root()
+  skipped_dirs = EXCLUDED_DIR_NAMES if include_tests else EXCLUDED_DIR_NAMES | TEST_DIR_NAMES
   kept, excluded = [], []
   for dirpath, dirnames, filenames in os.walk(root):
     rel_dir = Path(dirpath).relative_to(root).as_posix()
@@ -75,9 +81,7 @@ def list_source_files(root: str | Path | None = None) -> tuple[list[str], list[t
     dirnames[:] = sorted(
       d
       for d in dirnames
-      if d not in EXCLUDED_DIR_NAMES
-      and not (rel_dir + d + "/").startswith(EXCLUDED_PREFIXES)
-      and not (rel_dir == "" and d.startswith(BUILD_SPECIFIC_PREFIXES))
+      if d not in skipped_dirs and not (rel_dir == "" and d.startswith(BUILD_SPECIFIC_PREFIXES))
     )
     for name in sorted(filenames):
       if not name.endswith(".py"):
@@ -103,8 +107,10 @@ class Corpus:
     excluded: list[tuple[str, str]],
     humaneval: dict | None = None,
     heldout_fraction: float = HELDOUT_FRACTION,
+    include_tests: bool = False,
   ):
     self.root = Path(root)
+    self.include_tests = include_tests
     self.files = files
     self.excluded = excluded
     self.humaneval = humaneval
@@ -135,6 +141,7 @@ class Corpus:
       "root": str(self.root),
       "max_file_bytes": MAX_FILE_BYTES,
       "heldout_fraction": self.heldout_fraction,
+      "include_tests": self.include_tests,
       "split_salt": SPLIT_SALT,
       "stats": self.stats(),
       "humaneval": self.humaneval,
@@ -159,6 +166,7 @@ class Corpus:
       excluded,
       humaneval=m.get("humaneval"),
       heldout_fraction=m["heldout_fraction"],
+      include_tests=m.get("include_tests", False),  # manifests from before the option: False
     )
 
 
@@ -173,10 +181,11 @@ def build_corpus(
   root: str | Path | None = None,
   heldout_fraction: float = HELDOUT_FRACTION,
   check_humaneval: bool = True,
+  include_tests: bool = False,
 ) -> Corpus:
   """Lists, hashes and splits the stdlib sources; drops files that contain a HumanEval prompt."""
   root = Path(root) if root is not None else stdlib_root()
-  paths, excluded = list_source_files(root)
+  paths, excluded = list_source_files(root, include_tests)
   raw = {p: (root / p).read_bytes() for p in paths}
   texts = {}
   for p in paths:
@@ -208,7 +217,7 @@ def build_corpus(
     )
     for p in sorted(texts)
   ]
-  return Corpus(root, files, sorted(excluded), humaneval, heldout_fraction)
+  return Corpus(root, files, sorted(excluded), humaneval, heldout_fraction, include_tests)
 
 
 # --- HumanEval leakage ---------------------------------------------------------------------------
