@@ -96,3 +96,16 @@ def test_exl3_target_loads_runs_and_matches_its_twin(dense, tmp_path):
   prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 3, 4]]
   base = specdec.generate(r, prompts, max_new_tokens=16).tokens
   assert specdec.generate(r, prompts, max_new_tokens=16, drafter=ngram(), k=3).tokens == base
+
+
+@pytest.mark.parametrize("fmt, layout", [("nvfp4", "modelopt"), ("fp8", "compressed-tensors")])
+def test_zoo_variant_export_reads_back_as_the_same_model(tmp_path, fmt, layout):
+  from experiments.export_quant_zoo import export
+  from specdec.sweep import resolve_path
+
+  target = specdec.load(resolve_path("zoo:target"), dtype=jnp.bfloat16)
+  r = export(target, fmt, str(tmp_path), layout)  # raises if the read-back logits differ
+  assert r["path"].endswith(f"target_{fmt}")
+  assert isinstance(specdec.load(r["path"]).params["params"]["layer_0"]["mlp"]["up_proj"]["kernel"],
+                    QuantizedWeight)  # fmt: skip
+  assert r["mib"] < 14.5  # smaller than the bf16 target's safetensors
