@@ -1,5 +1,5 @@
-"""The step microbenchmark runs and reports every part (timings themselves are not asserted, beyond
-the forwards costing something: a slope of the near-empty loop may come out at +-0 on a CPU)."""
+"""The step microbenchmark runs and reports every part. Timings themselves are not asserted: on a
+busy 2-core CPU a slope between two short loops can come out at +-0, or below."""
 
 import math
 
@@ -16,4 +16,5 @@ def test_time_step_reports_each_part():
     "step", "draft", "verify", "target_fwd", "loop", "accept_commit", "draft_per_token_vs_target"
   }  # fmt: skip
   assert all(math.isfinite(v) for v in t.values())
-  assert all(t[key] > 0 for key in ("step", "verify", "target_fwd"))
+  assert t["accept_commit"] == t["step"] - t["draft"] - t["verify"] - t["loop"]
+  assert t["draft_per_token_vs_target"] == t["draft"] / (3 * t["target_fwd"])
