@@ -1,7 +1,8 @@
 """Decode-speed benchmark (experiments/bench_decode.py): a Qwen3-8B shape and a 27B-class dense
 shape at B = 1 and 8, contexts 1k and 8k, bf16 / NVFP4 / EXL3-4bit; verify width and attention
-implementations on the 8B shape; the loop's overhead under two XLA command-buffer settings; cold and
-cached compile. Random weights (speed does not depend on the values).
+implementations on the 8B shape; the loop's overhead under two XLA command-buffer settings; an 8B
+B = 1 decode step under XLA_FLAGS arms (interleaved processes); cold and cached compile. Random
+weights (speed does not depend on the values).
 
 `--config=configs/bench_decode.py:tiny` is every part on a 1-layer toy shape with one cell per axis:
 it runs on a CPU in well under a minute (the test suite runs it) and says nothing about speed."""
@@ -49,7 +50,7 @@ def get_config(preset: str = ""):
   c = ml_collections.ConfigDict()
   c.shapes = ml_collections.ConfigDict({"qwen3_8b": QWEN3_8B, "dense_27b": DENSE_27B})
   # Parts run in this order; "decode.<format>" runs one format, to put slow formats last.
-  c.parts = ("copy", "decode", "verify", "attention", "loop", "compile")
+  c.parts = ("copy", "decode", "verify", "attention", "loop", "flags", "compile")
   c.budget_s = 0.0  # wall seconds after which remaining cells are recorded as skipped; 0: no limit
   c.reps = 5  # timed repetitions per cell (after one warm-up); figures are median (min-max)
   c.copy_gib = 2.0
@@ -86,6 +87,23 @@ def get_config(preset: str = ""):
       xla_flags=("", "--xla_gpu_enable_command_buffer="),
     )
   )
+  # Decode under XLA_FLAGS arms: why is a one-row (M = 1) step slower than an 8-row one?
+  # Hypotheses: XLA's dot merger concatenates small sibling weights (k/v_proj) at run time; its
+  # GEMM choice (Triton fusion vs cuBLAS) at M = 1.
+  c.flags = ml_collections.ConfigDict(
+    dict(
+      shape="qwen3_8b",
+      format="bf16",
+      batch=1,
+      context=1024,
+      legs=2,
+      xla_flags=(
+        "",
+        "--xla_gpu_dot_merger_threshold_mb=0",
+        "--xla_gpu_enable_triton_gemm=false",
+      ),
+    )
+  )
   c.compile = ml_collections.ConfigDict(
     dict(shape="qwen3_8b", format="bf16", batch=1, context=1024)
   )
@@ -109,3 +127,6 @@ def _tiny(c):
   # The command-buffer arm alone: it checks that this XLA accepts the flag (bad flags abort).
   c.loop.xla_flags = ("--xla_gpu_enable_command_buffer=",)
   c.compile.update(shape="tiny", context=16)
+  c.flags.update(
+    shape="tiny", context=16, legs=1, xla_flags=("", "--xla_gpu_enable_triton_gemm=false")
+  )

@@ -54,7 +54,7 @@ from specdec.quant.nvfp4 import GROUP, NVFP4Weight
 from specdec.results import append_row, environment_fields
 
 FORMATS = ("bf16", "nvfp4", "exl3_4")
-PARTS = ("copy", "decode", "verify", "attention", "loop", "compile")
+PARTS = ("copy", "decode", "verify", "attention", "loop", "flags", "compile")
 ATTENTION_IMPLS = ("xla", "xla_sdpa", "cudnn", "cudnn_seqlen")
 COPY_CEILING_TBS = 4.24  # DESIGN.md section 9: torch device-to-device copy on the H200
 # Issue 9's bars, as a fraction of COPY_CEILING_TBS, for B = 1 decode.
@@ -451,7 +451,12 @@ def compile_time(shape: dict, fmt: str, batch: int, slots: int, n_steps: int, ca
   return {"lower_s": t1 - t0, "compile_s": t2 - t1, "cache_hits": len(hits)}
 
 
-_CHILDREN = {"loop": loop_overhead, "compile": compile_time}
+def decode_child(shape: dict, fmt: str, batch: int, slots: int, n_steps: int, reps: int) -> dict:
+  """decode_cell on a fresh random model, for a process of its own (its own XLA_FLAGS)."""
+  return decode_cell(random_model(model_config(shape), fmt), batch, slots, n_steps, reps)
+
+
+_CHILDREN = {"loop": loop_overhead, "compile": compile_time, "flags": decode_child}
 
 
 def run_child(kind: str, kwargs: dict, xla_flags: str | None = None, timeout=None) -> dict:
@@ -482,6 +487,7 @@ def _slots_needed(cfg) -> dict:
     "verify": max(cfg.verify.widths) + 1,
     "attention": max(cfg.attention.widths) + 1,
     "compile": cfg.n_steps + 2,
+    "flags": (cfg.reps + 1) * cfg.n_steps + 2,
   }
 
 
@@ -502,11 +508,11 @@ def validate(cfg) -> None:
   for name in cfg.shape_names:
     if name not in cfg.shapes:
       raise BenchConfigError(f"shape_names: unknown shape {name!r}; known: {sorted(cfg.shapes)}")
-  for sub in ("verify", "attention", "loop", "compile"):
+  for sub in ("verify", "attention", "loop", "flags", "compile"):
     if cfg[sub].shape not in cfg.shapes:
       raise BenchConfigError(f"{sub}.shape: unknown shape {cfg[sub].shape!r}")
   formats = set(cfg.formats) | {fmt for _, fmts in parts for fmt in fmts or ()}
-  formats |= {cfg.compile.format}
+  formats |= {cfg.compile.format, cfg.flags.format}
   for fmt in sorted(formats):
     if fmt not in FORMATS:
       raise BenchConfigError(f"unknown format {fmt!r}; choose from {FORMATS}")
@@ -523,6 +529,7 @@ def validate(cfg) -> None:
     "verify": cfg.verify.contexts,
     "attention": cfg.attention.contexts,
     "compile": (cfg.compile.context,),
+    "flags": (cfg.flags.context,),
   }
   for part, contexts in ctxs.items():
     if min(contexts) < need[part]:
@@ -536,9 +543,12 @@ def validate(cfg) -> None:
   if any(p == "attention" for p, _ in parts) and cudnn:
     if jax.default_backend() != "gpu":
       raise BenchConfigError(f"attention impls {cudnn} need a GPU; drop them from attention.impls")
-  for flags in cfg.loop.xla_flags:
-    if flags and not all(f.startswith("--") for f in flags.split()):
-      raise BenchConfigError(f"loop.xla_flags entry {flags!r}: every flag must start with '--'")
+  for sub in ("loop", "flags"):
+    for flags in cfg[sub].xla_flags:
+      if flags and not all(f.startswith("--") for f in flags.split()):
+        raise BenchConfigError(f"{sub}.xla_flags entry {flags!r}: every flag must start with '--'")
+  if cfg.flags.legs < 1:
+    raise BenchConfigError(f"flags.legs must be >= 1, got {cfg.flags.legs}")
   if len(cfg.loop.slope_n) != 2 or not 0 < cfg.loop.slope_n[0] < cfg.loop.slope_n[1]:
     raise BenchConfigError(f"loop.slope_n must be two increasing trip counts: {cfg.loop.slope_n}")
 
@@ -672,6 +682,34 @@ class Runner:
         "xla_flags": flags,
       }
       self.guarded(cond, self._child, "loop", kwargs, flags)
+
+  def _flags(self):
+    """One decode cell under each XLA_FLAGS arm, a process per (leg, arm), arms interleaved."""
+    f = self.cfg.flags
+    kwargs = dict(
+      shape=dict(self.cfg.shapes[f.shape]),
+      fmt=f.format,
+      batch=f.batch,
+      slots=f.context,
+      n_steps=self.cfg.n_steps,
+      reps=self.cfg.reps,
+    )
+    for leg in range(f.legs):
+      for flags in f.xla_flags:
+        cond = {
+          "part": "flags",
+          **self._shape_row(f.shape, f.format),
+          "batch": f.batch,
+          "context": f.context,
+          "leg": leg,
+          "xla_flags": flags,
+        }
+        self.guarded(cond, self._flags_cell, kwargs, flags)
+
+  def _flags_cell(self, kwargs: dict, flags: str) -> dict:
+    row = self._child("flags", kwargs, flags)
+    row["pct_of_4_24"] = 100 * row["tb_s"] / COPY_CEILING_TBS
+    return row
 
   def _compile(self):
     cp = self.cfg.compile
@@ -812,6 +850,23 @@ def markdown(rows: list[dict]) -> str:
         "empty_loop_fixed",
       )
       out.append(head + "".join(f" {r[f'{k}_us']:.1f} |" for k in keys) + f" {copies} |")
+  if by("flags"):
+    out += [
+      "",
+      "### Decode step per XLA_FLAGS arm (a process per leg and arm, arms interleaved)",
+      "",
+      "| XLA_FLAGS | shape | format | B | ctx | leg | step us (min-max) | tok/s | % of 4.24 |",
+      "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in by("flags"):
+      head = (
+        f"| `{r['xla_flags'] or '(default)'}` | {r['shape']} | {r['format']} | {r['batch']} | "
+        f"{r['context']} | {r['leg']} |"
+      )
+      if _status(r):
+        out.append(f"{head} {_status(r)} |||")
+        continue
+      out.append(f"{head} {_fmt_us(r)} | {r['tok_s']:.1f} | {r['pct_of_4_24']:.1f}% |")
   if by("compile"):
     out += [
       "",

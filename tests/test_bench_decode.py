@@ -127,6 +127,9 @@ def test_empty_loop_copies_its_state_once_not_per_iteration():
     (dict(attention=dict(impls=("xla", "cudnn"))), r"\['cudnn'\] need a GPU"),
     (dict(loop=dict(xla_flags=("xla_gpu_enable_command_buffer=",))), "must start with '--'"),
     (dict(loop=dict(slope_n=(8, 4))), "two increasing trip counts"),
+    (dict(flags=dict(xla_flags=("", "xla_gpu_enable_triton_gemm=false"))), "flags.xla_flags"),
+    (dict(flags=dict(legs=0)), "flags.legs"),
+    (dict(flags=dict(context=4)), "flags: context 4 is too small"),
   ],
 )
 def test_validate_refuses_bad_configs_before_compiling(override, match):
@@ -159,7 +162,13 @@ def test_experiment_runs_every_part_on_the_tiny_preset(tmp_path):
   parts = [r["part"] for r in rows]
   assert (
     parts
-    == ["copy"] + ["decode"] * 3 + ["verify"] * 2 + ["attention"] * 2 + ["loop"] + ["compile"] * 2
+    == ["copy"]
+    + ["decode"] * 3
+    + ["verify"] * 2
+    + ["attention"] * 2
+    + ["loop"]
+    + ["flags"] * 2
+    + ["compile"] * 2
   )
 
   decode = [r for r in rows if r["part"] == "decode"]
