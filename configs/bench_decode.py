@@ -87,9 +87,9 @@ def get_config(preset: str = ""):
       xla_flags=("", "--xla_gpu_enable_command_buffer="),
     )
   )
-  # Decode under XLA_FLAGS arms: why is a one-row (M = 1) step slower than an 8-row one?
-  # Hypotheses: XLA's dot merger concatenates small sibling weights (k/v_proj) at run time; its
-  # GEMM choice (Triton fusion vs cuBLAS) at M = 1.
+  # Decode arms (XLA_FLAGS, fuse q/k/v and gate/up): why is a one-row (M = 1) step slower than an
+  # 8-row one, and what do fused projections save? Hypotheses: XLA's dot merger concatenates
+  # small sibling weights (k/v_proj) at run time; its GEMM choice (Triton vs cuBLAS) at M = 1.
   c.flags = ml_collections.ConfigDict(
     dict(
       shape="qwen3_8b",
@@ -97,10 +97,11 @@ def get_config(preset: str = ""):
       batch=1,
       context=1024,
       legs=2,
-      xla_flags=(
-        "",
-        "--xla_gpu_dot_merger_threshold_mb=0",
-        "--xla_gpu_enable_triton_gemm=false",
+      arms=(
+        ("", False),
+        ("", True),
+        ("--xla_gpu_dot_merger_threshold_mb=0", False),
+        ("--xla_gpu_enable_triton_gemm=false", False),
       ),
     )
   )
@@ -127,6 +128,5 @@ def _tiny(c):
   # The command-buffer arm alone: it checks that this XLA accepts the flag (bad flags abort).
   c.loop.xla_flags = ("--xla_gpu_enable_command_buffer=",)
   c.compile.update(shape="tiny", context=16)
-  c.flags.update(
-    shape="tiny", context=16, legs=1, xla_flags=("", "--xla_gpu_enable_triton_gemm=false")
-  )
+  c.flags.update(shape="tiny", context=16, legs=1)
+  c.flags.arms = (("", True), ("--xla_gpu_enable_triton_gemm=false", False))

@@ -48,6 +48,7 @@ from specdec.decoding.step import StepConfig, decode_chunk
 from specdec.drafters import ngram, null
 from specdec.model import Model
 from specdec.models.config import ModelConfig, from_hf_dict
+from specdec.models.fuse import fuse_projections
 from specdec.models.transformer import KVCache, Transformer, attend
 from specdec.quant.exl3 import Codebook, EXL3Weight
 from specdec.quant.nvfp4 import GROUP, NVFP4Weight
@@ -451,9 +452,13 @@ def compile_time(shape: dict, fmt: str, batch: int, slots: int, n_steps: int, ca
   return {"lower_s": t1 - t0, "compile_s": t2 - t1, "cache_hits": len(hits)}
 
 
-def decode_child(shape: dict, fmt: str, batch: int, slots: int, n_steps: int, reps: int) -> dict:
-  """decode_cell on a fresh random model, for a process of its own (its own XLA_FLAGS)."""
-  return decode_cell(random_model(model_config(shape), fmt), batch, slots, n_steps, reps)
+def decode_child(
+  shape: dict, fmt: str, batch: int, slots: int, n_steps: int, reps: int, fuse: bool
+) -> dict:
+  """decode_cell on a fresh random model (its projections fused if asked), for a process of its
+  own (its own XLA_FLAGS)."""
+  model = random_model(model_config(shape), fmt)
+  return decode_cell(fuse_projections(model) if fuse else model, batch, slots, n_steps, reps)
 
 
 _CHILDREN = {"loop": loop_overhead, "compile": compile_time, "flags": decode_child}
@@ -543,10 +548,11 @@ def validate(cfg) -> None:
   if any(p == "attention" for p, _ in parts) and cudnn:
     if jax.default_backend() != "gpu":
       raise BenchConfigError(f"attention impls {cudnn} need a GPU; drop them from attention.impls")
-  for sub in ("loop", "flags"):
-    for flags in cfg[sub].xla_flags:
+  arm_flags = [flags for flags, _ in cfg.flags.arms]
+  for sub, entries in (("loop.xla_flags", cfg.loop.xla_flags), ("flags.arms", arm_flags)):
+    for flags in entries:
       if flags and not all(f.startswith("--") for f in flags.split()):
-        raise BenchConfigError(f"{sub}.xla_flags entry {flags!r}: every flag must start with '--'")
+        raise BenchConfigError(f"{sub} entry {flags!r}: every flag must start with '--'")
   if cfg.flags.legs < 1:
     raise BenchConfigError(f"flags.legs must be >= 1, got {cfg.flags.legs}")
   if len(cfg.loop.slope_n) != 2 or not 0 < cfg.loop.slope_n[0] < cfg.loop.slope_n[1]:
@@ -684,7 +690,8 @@ class Runner:
       self.guarded(cond, self._child, "loop", kwargs, flags)
 
   def _flags(self):
-    """One decode cell under each XLA_FLAGS arm, a process per (leg, arm), arms interleaved."""
+    """One decode cell per arm (XLA_FLAGS, projections fused or not), a process per (leg, arm),
+    arms interleaved."""
     f = self.cfg.flags
     kwargs = dict(
       shape=dict(self.cfg.shapes[f.shape]),
@@ -695,7 +702,7 @@ class Runner:
       reps=self.cfg.reps,
     )
     for leg in range(f.legs):
-      for flags in f.xla_flags:
+      for flags, fuse in f.arms:
         cond = {
           "part": "flags",
           **self._shape_row(f.shape, f.format),
@@ -703,8 +710,9 @@ class Runner:
           "context": f.context,
           "leg": leg,
           "xla_flags": flags,
+          "fused": bool(fuse),
         }
-        self.guarded(cond, self._flags_cell, kwargs, flags)
+        self.guarded(cond, self._flags_cell, {**kwargs, "fuse": bool(fuse)}, flags)
 
   def _flags_cell(self, kwargs: dict, flags: str) -> dict:
     row = self._child("flags", kwargs, flags)
@@ -853,15 +861,16 @@ def markdown(rows: list[dict]) -> str:
   if by("flags"):
     out += [
       "",
-      "### Decode step per XLA_FLAGS arm (a process per leg and arm, arms interleaved)",
+      "### Decode step per arm (a process per leg and arm, arms interleaved)",
       "",
-      "| XLA_FLAGS | shape | format | B | ctx | leg | step us (min-max) | tok/s | % of 4.24 |",
-      "|---|---|---|---:|---:|---:|---:|---:|---:|",
+      "| XLA_FLAGS | fused q/k/v, gate/up | shape | format | B | ctx | leg | step us (min-max) "
+      "| tok/s | % of 4.24 |",
+      "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in by("flags"):
       head = (
-        f"| `{r['xla_flags'] or '(default)'}` | {r['shape']} | {r['format']} | {r['batch']} | "
-        f"{r['context']} | {r['leg']} |"
+        f"| `{r['xla_flags'] or '(default)'}` | {'yes' if r['fused'] else 'no'} | {r['shape']} | "
+        f"{r['format']} | {r['batch']} | {r['context']} | {r['leg']} |"
       )
       if _status(r):
         out.append(f"{head} {_status(r)} |||")

@@ -127,7 +127,7 @@ def test_empty_loop_copies_its_state_once_not_per_iteration():
     (dict(attention=dict(impls=("xla", "cudnn"))), r"\['cudnn'\] need a GPU"),
     (dict(loop=dict(xla_flags=("xla_gpu_enable_command_buffer=",))), "must start with '--'"),
     (dict(loop=dict(slope_n=(8, 4))), "two increasing trip counts"),
-    (dict(flags=dict(xla_flags=("", "xla_gpu_enable_triton_gemm=false"))), "flags.xla_flags"),
+    (dict(flags=dict(arms=(("", True), ("xla_gpu_enable_triton_gemm=", False)))), "flags.arms"),
     (dict(flags=dict(legs=0)), "flags.legs"),
     (dict(flags=dict(context=4)), "flags: context 4 is too small"),
   ],
@@ -170,6 +170,9 @@ def test_experiment_runs_every_part_on_the_tiny_preset(tmp_path):
     + ["flags"] * 2
     + ["compile"] * 2
   )
+
+  arms = [(r["xla_flags"], r["fused"]) for r in rows if r["part"] == "flags"]
+  assert arms == [("", True), ("--xla_gpu_enable_triton_gemm=false", False)]
 
   decode = [r for r in rows if r["part"] == "decode"]
   assert [r["format"] for r in decode] == list(bench_decode.FORMATS)

@@ -25,6 +25,7 @@ from specdec.checkpoint.safetensors_io import (
   write_tensors,
 )
 from specdec.models.config import ConfigError, ModelConfig, load_config, to_hf_dict
+from specdec.models.fuse import FUSED_NAMES
 from specdec.models.transformer import FP8, KV_SCALES, KVCache, Transformer
 from specdec.quant import layouts
 from specdec.quant.errors import QuantFormatError
@@ -299,8 +300,14 @@ def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
   from specdec.quant.matmul import QuantizedWeight
   from specdec.quant.nvfp4 import NVFP4Weight
 
-  os.makedirs(path, exist_ok=True)
   flat = {"/".join(k): v for k, v in flatten_dict(model.params["params"]).items()}
+  fused = sorted({k.rsplit("/", 1)[0] for k in flat if k.split("/")[-2] in FUSED_NAMES})
+  if fused:
+    raise ValueError(
+      f"save({path!r}): {fused[0]} (and {len(fused) - 1} more) are fused projections "
+      "(specdec.models.fuse), which no checkpoint layout names; save the model before fusing"
+    )
+  os.makedirs(path, exist_ok=True)
   formats, exl3_bits = {}, []
   for key, value in flat.items():
     if isinstance(value, exl3.EXL3Weight):

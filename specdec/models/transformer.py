@@ -149,9 +149,16 @@ class Attention(nn.Module):
     c = self.config
     B, T, _ = x_BTD.shape
     N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
-    q_BTNH = Linear(N * H, c.attention_bias, name="q_proj")(x_BTD).reshape(B, T, N, H)
-    k_BTKH = Linear(K * H, c.attention_bias, name="k_proj")(x_BTD).reshape(B, T, K, H)
-    v_BTKH = Linear(K * H, c.attention_bias, name="v_proj")(x_BTD).reshape(B, T, K, H)
+    if self.has_variable("params", "qkv_proj"):  # specdec.models.fuse: one matmul for all three
+      qkv_BTX = Linear((N + 2 * K) * H, c.attention_bias, name="qkv_proj")(x_BTD)
+      q_BTX, k_BTX, v_BTX = jnp.split(qkv_BTX, [N * H, (N + K) * H], axis=-1)
+    else:
+      q_BTX = Linear(N * H, c.attention_bias, name="q_proj")(x_BTD)
+      k_BTX = Linear(K * H, c.attention_bias, name="k_proj")(x_BTD)
+      v_BTX = Linear(K * H, c.attention_bias, name="v_proj")(x_BTD)
+    q_BTNH = q_BTX.reshape(B, T, N, H)
+    k_BTKH = k_BTX.reshape(B, T, K, H)
+    v_BTKH = v_BTX.reshape(B, T, K, H)
     if c.qk_norm:
       q_BTNH = RMSNorm(c.rms_norm_eps, name="q_norm")(q_BTNH)
       k_BTKH = RMSNorm(c.rms_norm_eps, name="k_norm")(k_BTKH)
@@ -177,8 +184,12 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_BTD):
     c = self.config
-    gate_BTF = Linear(c.intermediate_size, c.mlp_bias, name="gate_proj")(x_BTD)
-    up_BTF = Linear(c.intermediate_size, c.mlp_bias, name="up_proj")(x_BTD)
+    F = c.intermediate_size
+    if self.has_variable("params", "gate_up_proj"):  # specdec.models.fuse
+      gate_BTF, up_BTF = jnp.split(Linear(2 * F, c.mlp_bias, name="gate_up_proj")(x_BTD), 2, -1)
+    else:
+      gate_BTF = Linear(F, c.mlp_bias, name="gate_proj")(x_BTD)
+      up_BTF = Linear(F, c.mlp_bias, name="up_proj")(x_BTD)
     return Linear(c.hidden_size, c.mlp_bias, name="down_proj")(jax.nn.silu(gate_BTF) * up_BTF)
 
 
