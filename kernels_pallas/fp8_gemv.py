@@ -294,16 +294,9 @@ def _mosaic_matmul(x_MK: jax.Array, w: FP8Weight, config: TuningConfig) -> jax.A
 # Public entry points.
 
 
-def reference(x_MK: jax.Array, w: FP8Weight) -> jax.Array:
-  """Plain jnp: dequantize to f32, f32 matmul, bf16 result."""
-  w_KN = w.dequantize(jnp.float32)
-  y = jnp.dot(x_MK.astype(jnp.float32), w_KN, precision=jax.lax.Precision.HIGHEST)
-  return y.astype(jnp.bfloat16)
-
-
-def xla_matmul(x_MK: jax.Array, w: FP8Weight) -> jax.Array:
-  """The fallback: XLA dequantizes to bf16 and runs its own dot."""
-  return jnp.dot(x_MK.astype(jnp.bfloat16), w.dequantize(jnp.bfloat16)).astype(jnp.bfloat16)
+# One XLA reference and fallback for every quantized type: both only dequantize.
+reference = nv.reference
+xla_matmul = nv.xla_matmul
 
 
 def _check_operands(x_MK: jax.Array, w: FP8Weight) -> None:

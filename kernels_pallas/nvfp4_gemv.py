@@ -86,6 +86,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from specdec.quant.matmul import QuantizedWeight
 from specdec.quant.nvfp4 import GROUP, NVFP4Weight
 
 TILE_K = 256  # K per pipeline step: one 128-byte swizzle line of packed codes per weight row
@@ -848,15 +849,16 @@ def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax
 # Public entry points.
 
 
-def reference(x_MK: jax.Array, w: NVFP4Weight) -> jax.Array:
-  """Plain jnp: dequantize to f32, f32 matmul, bf16 result."""
+def reference(x_MK: jax.Array, w: QuantizedWeight) -> jax.Array:
+  """Plain jnp: dequantize to f32, f32 matmul, bf16 result (any quantized weight type)."""
   w_KN = w.dequantize(jnp.float32)
   y = jnp.dot(x_MK.astype(jnp.float32), w_KN, precision=jax.lax.Precision.HIGHEST)
   return y.astype(jnp.bfloat16)
 
 
-def xla_matmul(x_MK: jax.Array, w: NVFP4Weight) -> jax.Array:
-  """The fallback: XLA dequantizes to bf16 and runs its own dot (slow on GPU: DESIGN.md 9)."""
+def xla_matmul(x_MK: jax.Array, w: QuantizedWeight) -> jax.Array:
+  """The fallback: XLA dequantizes to bf16 and runs its own dot (slow on GPU for 4-bit weights:
+  DESIGN.md 9; any quantized weight type)."""
   return jnp.dot(x_MK.astype(jnp.bfloat16), w.dequantize(jnp.bfloat16)).astype(jnp.bfloat16)
 
 
