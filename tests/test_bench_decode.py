@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from configs import bench_decode as bench_config
-from specdec import bench, bench_decode
+from specdec import bench, bench_decode, bench_models
 from specdec.quant.exl3 import EXL3Weight
 from specdec.quant.nvfp4 import NVFP4Weight
 
@@ -19,21 +19,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tiny():
-  return bench_decode.model_config(bench_config.TINY)
+  return bench_models.model_config(bench_config.TINY)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32, jnp.float16])
 def test_float_fill_is_bounded_varied_and_seeded(dtype):
-  x = bench_decode.fill((64, 64), dtype, seed=3, scale=0.5).astype(jnp.float32)
+  x = bench_models.fill((64, 64), dtype, seed=3, scale=0.5).astype(jnp.float32)
   assert float(jnp.max(jnp.abs(x))) <= 0.5
   assert float(jnp.std(x)) > 0.2  # uniform on [-0.5, 0.5) has std 0.29; zeros would give 0
-  assert not jnp.array_equal(x, bench_decode.fill((64, 64), dtype, seed=4, scale=0.5))
+  assert not jnp.array_equal(x, bench_models.fill((64, 64), dtype, seed=4, scale=0.5))
 
 
 def test_integer_and_e4m3_fills():
-  i16 = bench_decode.fill((4096,), jnp.int16, 0)
+  i16 = bench_models.fill((4096,), jnp.int16, 0)
   assert int(i16.min()) < -16000 and int(i16.max()) > 16000
-  scales = bench_decode.fill((4096,), jnp.float8_e4m3fn, 0).astype(jnp.float32)
+  scales = bench_models.fill((4096,), jnp.float8_e4m3fn, 0).astype(jnp.float32)
   assert bool(jnp.all(jnp.isfinite(scales))) and float(scales.min()) >= 0.5
   assert float(scales.max()) < 1.0
 
@@ -41,7 +41,7 @@ def test_integer_and_e4m3_fills():
 @pytest.mark.parametrize("fmt", bench_decode.FORMATS)
 def test_random_params_types_and_bytes(fmt):
   config, batch, slots = _tiny(), 2, 16
-  params = bench_decode.random_params(config, fmt)
+  params = bench_models.random_params(config, fmt)
   p = params["params"]
   kernel = p["layer_0"]["mlp"]["down_proj"]["kernel"]
   want = {"bf16": jax.Array, "nvfp4": NVFP4Weight, "exl3_4": EXL3Weight}[fmt]
@@ -57,24 +57,24 @@ def test_random_params_types_and_bytes(fmt):
   }[fmt]
   norms = 2 * (3 * D + 2 * H)  # attn, mlp, final; q and k
   want_weights = sum(per_weight(i, o) for i, o in linear) + 2 * D * V + norms + 2 * batch * D
-  nbytes = bench_decode.step_bytes(params, config, batch, slots, 2)
+  nbytes = bench_models.step_bytes(params, config, batch, slots, 2)
   assert nbytes == {"weight_bytes": want_weights, "kv_bytes": 2 * 1 * batch * slots * K * H * 2}
 
-  model = bench_decode.random_model(config, fmt)
+  model = bench_models.random_model(config, fmt)
   logits = model.logits(jnp.ones((1, 4), jnp.int32))
   assert bool(jnp.all(jnp.isfinite(logits)))
 
 
 def test_check_format_names_the_layer_that_does_not_fit():
-  config = bench_decode.model_config({**bench_config.TINY, "intermediate_size": 208})
+  config = bench_models.model_config({**bench_config.TINY, "intermediate_size": 208})
   with pytest.raises(bench_decode.BenchConfigError, match="layer_0/mlp/down_proj.*exl3_4.*128"):
-    bench_decode.check_format(config, "exl3_4")
-  bench_decode.check_format(config, "nvfp4")  # 208 is a multiple of NVFP4's 16
+    bench_models.check_format(config, "exl3_4")
+  bench_models.check_format(config, "nvfp4")  # 208 is a multiple of NVFP4's 16
 
 
 def test_synthetic_state_is_a_decodable_state():
   config = _tiny()
-  st = bench_decode.synthetic_state(config, 2, 32, 20, 0, jnp.bfloat16)
+  st = bench_models.synthetic_state(config, 2, 32, 20, 0, jnp.bfloat16)
   assert st.cache.k[0].shape == (2, 32, 2, 64) and int(st.lengths[0]) == 20
   assert not jnp.array_equal(st.cache.k[0], st.cache.v[0])
   assert int(st.tokens.max()) < config.vocab_size and int(st.tokens.min()) >= 0
@@ -108,7 +108,7 @@ def test_hlo_copies_splits_while_body_from_the_rest_and_skips_fusions():
 
 
 def test_empty_loop_copies_its_state_once_not_per_iteration():
-  st = bench_decode.synthetic_state(_tiny(), 1, 64, 8, 4, jnp.float32)
+  st = bench_models.synthetic_state(_tiny(), 1, 64, 8, 4, jnp.float32)
   copies = bench_decode.hlo_copies(bench.empty_loop.lower(st, 8).compile().as_text())
   # The state is not donated: its cache is copied into fresh output buffers once per call.
   cache_bytes = sum(x.nbytes for x in st.cache.k + st.cache.v)

@@ -7,7 +7,7 @@ import pytest
 from flax.traverse_util import flatten_dict
 
 import specdec
-from specdec.bench_decode import random_model
+from specdec.bench_models import random_model
 from specdec.models.fuse import fuse_projections
 from specdec.quant.apply import quantize_model
 from specdec.quant.exl3 import EXL3Weight
