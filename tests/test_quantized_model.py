@@ -42,6 +42,13 @@ def test_quantized_checkpoint_round_trips(dense, tmp_path, fmt, layout):
   assert isinstance(r.params["params"]["layer_1"]["attn"]["o_proj"]["kernel"], QuantizedWeight)
   assert not isinstance(r.params["params"]["lm_head"]["kernel"], QuantizedWeight)
   np.testing.assert_allclose(np.asarray(r.logits(X)), np.asarray(q.logits(X)), atol=1e-5)
+  if fmt == "nvfp4":
+    # ModelOpt stores its per-tensor global scale 0-d, compressed-tensors its inverse as [1].
+    name, shape = {
+      "modelopt": ("weight_scale_2", ()), "compressed-tensors": ("weight_global_scale", (1,))
+    }[layout]  # fmt: skip
+    t = read_tensors(str(tmp_path / "model.safetensors"))
+    assert t[f"model.layers.0.mlp.up_proj.{name}"].shape == shape
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])

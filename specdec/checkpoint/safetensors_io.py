@@ -83,7 +83,9 @@ def write_tensors(file: str, tensors: dict[str, np.ndarray], metadata=None) -> N
   """Writes atomically (temporary file + rename) so a killed writer leaves no half file."""
   header, chunks, pos = {}, [], 0
   for name in sorted(tensors):
-    a = np.ascontiguousarray(tensors[name])
+    a = np.asarray(tensors[name])
+    # ascontiguousarray would make a 0-d scalar [1]; ModelOpt's per-tensor scales are 0-d.
+    a = np.ascontiguousarray(a) if a.ndim else a
     if a.dtype not in NAMES:
       raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {a.dtype}")
     b = a.tobytes()
