@@ -1,11 +1,13 @@
 """Shared pieces of the learned heads that draft from the target's hidden states (MTP, EAGLE-3).
 
-Both heads pair the target's feature at position i with the token at i+1 and predict the token
-at i+2 through one decoder layer with its own KV cache; deeper drafts feed the head its own output
-in place of the target's feature. Pair i lives in cache slot i (vLLM's convention), so rollback is
-by length, as for the target. With L committed tokens the target has features for positions
-< L-1, so the head's cache holds true pairs < L-2, and pair L-2 (the last target feature with the
-newest token) drafts d_1.
+Both heads pair the target's feature at position i with the token at i+1 and predict the token at
+i+2 through one decoder layer with its own KV cache; deeper drafts feed the head its own output in
+place of the target's feature. Pair i lives in cache slot i (vLLM's convention), so rollback is by
+length, as for the target, and a draft at depth j sits at RoPE position i + j: EAGLE-3's own trainer
+rotates its test-time-training step j at the position plus j as well (SafeAILab/EAGLE,
+eagle/traineagle3/cnets.py), so published EAGLE-3 heads expect this. With L committed tokens the
+target has features for positions < L-1, so the head's cache holds true pairs < L-2, and pair L-2
+(the last target feature with the newest token) drafts d_1.
 
 commit re-runs the head over the k+1 verify positions with the TRUE target features (fixed width;
 pairs past the accepted prefix are stale, masked by length and overwritten later) and keeps the
