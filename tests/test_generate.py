@@ -9,7 +9,7 @@ import specdec
 from specdec.decoding import sampling as S
 from specdec.decoding.generate import cache_slots, prompt_bucket
 from specdec.decoding.step import StepConfig, decode_chunk, prefill
-from specdec.drafters import ngram
+from specdec.drafters import block, eagle3, mtp, ngram
 from tests.helpers import tiny_model
 
 PROMPTS = [
@@ -97,6 +97,7 @@ def test_chunk_moves_nothing_between_host_and_device(model):
     (dict(acceptance="greedy", temperature=0.7), "needs temperature=0"),
     (dict(drafter=specdec.drafters.draft_lm(tiny_model(vocab_size=80)), k=2), "vocabulary"),
     (dict(drafter=ngram(min_n=3, max_n=2), k=2), "min_n"),
+    (dict(prefill_chunk=24), "prefill_chunk must be a power of two"),
   ],
 )
 def test_bad_input_is_refused_before_compiling(model, kw, fragment):
@@ -107,3 +108,24 @@ def test_bad_input_is_refused_before_compiling(model, kw, fragment):
 def test_prompt_longer_than_cache(model):
   with pytest.raises(ValueError, match="cache room"):
     specdec.generate(model, [[1] * 510], max_new_tokens=8)
+
+
+@pytest.mark.parametrize("name", ["ngram", "draft_lm", "mtp", "eagle3", "block"])
+def test_a_prompt_prefilled_in_slices_decodes_the_same(name):
+  """A 40-token prompt (bucket 64) through 16-token prefill slices: same tokens, with every kind of
+  drafter, those that read the target's taps and hidden states over the whole prompt included."""
+  model = tiny_model(num_hidden_layers=6)  # EAGLE-3 taps three distinct layers
+  drafter = {
+    "ngram": lambda: ngram(),
+    "draft_lm": lambda: specdec.drafters.draft_lm(tiny_model(seed=1)),
+    "mtp": lambda: mtp.mtp(model),
+    "eagle3": lambda: eagle3.eagle3(model),
+    "block": lambda: block.block(model),
+  }[name]()
+  prompt = [[(7 * i + 3) % 60 + 2 for i in range(40)]]
+  run = lambda chunk: specdec.generate(  # noqa: E731
+    model, prompt, max_new_tokens=24, drafter=drafter, k=3, prefill_chunk=chunk
+  )
+  whole, sliced = run(64), run(16)
+  assert sliced.tokens == whole.tokens
+  assert sliced.stats["accepted"] == whole.stats["accepted"]

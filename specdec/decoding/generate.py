@@ -10,7 +10,7 @@ import numpy as np
 from specdec import memory, metrics
 from specdec.decoding.accept import validate_mode
 from specdec.decoding.sampling import Sampling
-from specdec.decoding.step import StepConfig, decode_chunk, prefill
+from specdec.decoding.step import PREFILL_CHUNK, StepConfig, decode_chunk, prefill
 from specdec.drafters.null import null
 from specdec.models.transformer import check_kv_dtype
 
@@ -79,6 +79,7 @@ def generate(
   min_bucket: int = MIN_BUCKET,
   kv_dtype=None,
   memory_fraction: float | None = memory.DEFAULT_FRACTION,
+  prefill_chunk: int = PREFILL_CHUNK,
 ) -> Generation:
   """Generates from `prompts` (strings or token-id lists) with optional speculative drafting.
 
@@ -94,6 +95,8 @@ def generate(
   memory_fraction: the share of the device's memory limit that the resident params plus the decode
   state may fill; a batch and context that do not fit raise specdec.MemoryPlanError before
   anything compiles (None: no check; skipped where the backend keeps no memory stats, e.g. CPU).
+  prefill_chunk: prompts longer than this go through the target in slices of it (a power of two),
+  which bounds the prefill's attention scores; the result is the same forward.
   """
   sampling = Sampling(float(temperature), top_k, float(top_p))
   sampling.validate()
@@ -122,7 +125,11 @@ def generate(
   lengths_B = jnp.asarray([len(p) for p in ids], jnp.int32)
   max_new_B = jnp.full((B,), max_new_tokens, jnp.int32)
   eos = tuple(model.config.eos_token_ids)
-  sc = StepConfig(model.config, model.dtype, drafter, k, sampling, mode, eos, kv_dtype)
+  if prefill_chunk < 1 or prefill_chunk & (prefill_chunk - 1):
+    raise ValueError(f"prefill_chunk must be a power of two, got {prefill_chunk}")
+  sc = StepConfig(
+    model.config, model.dtype, drafter, k, sampling, mode, eos, kv_dtype, prefill_chunk
+  )
 
   t0 = time.perf_counter()
   st = prefill(

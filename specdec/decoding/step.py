@@ -15,7 +15,9 @@ from specdec.decoding.accept import accept
 from specdec.decoding.state import DecodeState, counters, ctx_bucket
 from specdec.drafters.base import Context, Drafter
 from specdec.models.config import ModelConfig
-from specdec.models.transformer import KVCache, Transformer
+from specdec.models.transformer import ForwardOut, KVCache, Transformer
+
+PREFILL_CHUNK = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,10 @@ class StepConfig:
   mode: str
   eos_ids: tuple[int, ...]
   kv_dtype: object = None  # None: the model's dtype
+  # Longest prompt slice one prefill forward takes. Attention scores of a T-token forward are
+  # [B, T, N, S] f32 (8.6 GB a layer for an 8k prompt at 32 heads); longer prompts go through in
+  # slices of this many tokens, one compiled forward scanned over them.
+  prefill_chunk: int = PREFILL_CHUNK
 
   @property
   def module(self) -> Transformer:
@@ -47,6 +53,38 @@ def _is_eos(tokens, eos_ids):
   return jnp.isin(tokens, jnp.asarray(eos_ids, tokens.dtype))
 
 
+def _prompt_forward(params, prompt_BT, last_BP, cache: KVCache, sc: StepConfig) -> ForwardOut:
+  """The target over the whole prompt: logits at last_BP, cache, taps and hidden of every position.
+
+  Prompts longer than sc.prefill_chunk go through in slices (buckets are powers of two, so the
+  slice divides them); each slice attends to the cache the earlier ones wrote, which is the causal
+  forward over the whole prompt.
+  """
+  B, T = prompt_BT.shape
+  C = min(T, sc.prefill_chunk)
+  if C == T:
+    positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    return sc.module.apply(
+      params, prompt_BT, positions_BT, cache, taps=sc.drafter.taps, logits_at_BP=last_BP
+    )
+
+  def chunk(cache, c):
+    tokens_BC = jax.lax.dynamic_slice_in_dim(prompt_BT, c * C, C, axis=1)
+    positions_BC = jnp.broadcast_to(c * C + jnp.arange(C, dtype=jnp.int32), (B, C))
+    out = sc.module.apply(
+      params, tokens_BC, positions_BC, cache, taps=sc.drafter.taps,
+      logits_at_BP=jnp.zeros((B, 1), jnp.int32),  # logits come from the whole hidden below
+    )  # fmt: skip
+    return out.cache, (out.hidden, out.taps)
+
+  cache, (hidden_NBCD, taps_NBCD) = jax.lax.scan(chunk, cache, jnp.arange(T // C))
+  whole = lambda x_NBCD: jnp.moveaxis(x_NBCD, 0, 1).reshape(B, T, -1)  # noqa: E731
+  hidden_BTD = whole(hidden_NBCD)
+  h_BPD = jnp.take_along_axis(hidden_BTD, last_BP[:, :, None], axis=1)
+  logits = sc.module.apply(params, h_BPD, method=Transformer.head)
+  return ForwardOut(logits, cache, tuple(whole(t) for t in taps_NBCD), hidden_BTD)
+
+
 @functools.partial(jax.jit, static_argnames=("sc", "slots"))
 def prefill(
   params, draft_params, prompt_BT, prompt_lengths_B, max_new_B, key, sc: StepConfig, slots
@@ -54,11 +92,7 @@ def prefill(
   """Runs the prompt bucket through the target, samples the first token, builds the state."""
   B, T = prompt_BT.shape
   cache = KVCache.zeros(sc.config, B, slots, sc.kv_dtype or sc.dtype)
-  positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  last_B1 = (prompt_lengths_B - 1)[:, None]
-  out = sc.module.apply(
-    params, prompt_BT, positions_BT, cache, taps=sc.drafter.taps, logits_at_BP=last_B1
-  )
+  out = _prompt_forward(params, prompt_BT, (prompt_lengths_B - 1)[:, None], cache, sc)
   key, sub = jax.random.split(key)
   first_B = sampling_lib.sample(sub, sampling_lib.probs(out.logits[:, 0], sc.sampling))
   tokens_BS = jnp.zeros((B, slots), jnp.int32).at[:, :T].set(prompt_BT)
