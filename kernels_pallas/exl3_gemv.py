@@ -700,15 +700,11 @@ def inner_matmul(xh_MK: jax.Array, w: EXL3Weight, config: TuningConfig | None = 
 
 
 def supported(x_MK: jax.Array, w: EXL3Weight, config: TuningConfig | None = None) -> bool:
-  if x_MK.ndim != 2 or w.trellis.ndim != 3 or jax.default_backend() != "gpu":
-    return False
-  m = x_MK.shape[0]
-  k16, n16, _ = w.trellis.shape
-  try:
+  def check(m, _k):
+    k16, n16, _ = w.trellis.shape
     _config_for(m, w, config).check(m, k16, n16, w.bits, w.codebook)
-  except ValueError:
-    return False
-  return True
+
+  return nv.kernel_takes(x_MK, w.trellis.ndim == 3, check)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "implementation"))
@@ -842,6 +838,12 @@ def _table(rows: list[dict]) -> None:
     )
 
 
+def _check_errors(x, xh, w: EXL3Weight, config) -> tuple[bool, str]:
+  inner = nv.rel_err(inner_matmul(xh, w, config), inner_reference(xh, w))
+  full = nv.rel_err(exl3_matmul(x, w, config=config, implementation="mosaic"), reference(x, w))
+  return inner < 1e-3 and full < 1e-2, f"inner {inner:.1e} full {full:.1e}"
+
+
 def check(ms, bits_list, codebooks, k: int = 1024, n: int = 896) -> bool:
   """The kernel against the references on the GPU, default config and a clamped split-K one."""
   ok = True
@@ -852,16 +854,10 @@ def check(ms, bits_list, codebooks, k: int = 1024, n: int = 896) -> bool:
           w = random_weight(jax.random.key(bits * 31 + m), k, n, bits, codebook, bias=m % 2 == 1)
           x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
           xh = jax.random.normal(jax.random.key(m + 7), (m, k), jnp.float32)
-          name = f"check {codebook} K={bits} M={m} {config}"
-          try:
-            inner = nv.rel_err(inner_matmul(xh, w, config), inner_reference(xh, w))
-            y = exl3_matmul(x, w, config=config, implementation="mosaic")
-            full = nv.rel_err(y, reference(x, w))
-            ok &= inner < 1e-3 and full < 1e-2
-            print(f"{name}: inner {inner:.1e} full {full:.1e}", flush=True)
-          except Exception as e:  # noqa: BLE001 -- print the compiler's message and go on
-            ok = False
-            print(f"{name}: FAILED {type(e).__name__}: {str(e)[:3000]}", flush=True)
+          ok &= nv.check_case(
+            f"check {codebook} K={bits} M={m} {config}",
+            functools.partial(_check_errors, x, xh, w, config),
+          )
   print(f"check {'passed' if ok else 'FAILED'}", flush=True)
   return ok
 

@@ -46,7 +46,6 @@ lanes (SMEM images with the TMA swizzle, mma fragments per warp). The Pallas GPU
 cannot run `inline_mgpu` PTX; lowering for cuda works on a CPU-only jaxlib (`jax.export`).
 """
 
-import argparse
 import dataclasses
 import functools
 import math
@@ -313,15 +312,9 @@ def _check_operands(x_MK: jax.Array, w: FP8Weight) -> None:
 
 
 def supported(x_MK: jax.Array, w: FP8Weight, config: TuningConfig | None = None) -> bool:
-  if jax.default_backend() != "gpu":
-    return False
-  m, k = x_MK.shape
   n = w.shape[1]
-  try:
-    (config or default_config(m, k, n)).check(m, k, n)
-  except ValueError:
-    return False
-  return True
+  check = lambda m, k: (config or default_config(m, k, n)).check(m, k, n)  # noqa: E731
+  return nv.kernel_takes(x_MK, w.codes_NK.ndim == 2, check)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "implementation"))
@@ -431,28 +424,13 @@ def check(ms, k: int = 4096, n: int = 1024) -> bool:
     for m in ms:
       w = random_weight(jax.random.key(m), k, n)
       x = jax.random.normal(jax.random.key(m + 1), (m, k), jnp.bfloat16)
-      try:
-        err = nv.rel_err(fp8_matmul(x, w, config=config, implementation="mosaic"), reference(x, w))
-        ok &= err < 1e-2
-        print(f"check M={m} K={k} N={n} {config}: rel_err {err:.2e}", flush=True)
-      except Exception as e:  # noqa: BLE001 -- print the compiler's message and go on
-        ok = False
-        print(f"check M={m} {config}: FAILED {type(e).__name__}: {str(e)[:3000]}", flush=True)
+      case = functools.partial(nv.check_against, fp8_matmul, reference, x, w, config)
+      ok &= nv.check_case(f"check M={m} K={k} N={n} {config}", case)
   return ok
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--mode", default="all", choices=["check", "bench", "all"])
-  p.add_argument("--check_ms", default="1,3,8,16")
-  p.add_argument("--shapes", default="8192x28672,5120x17408", help="KxN list")
-  p.add_argument("--ms", default="1,4,8,16")
-  p.add_argument("--copies", type=int, default=4, help="weight sets cycled to defeat L2")
-  p.add_argument("--iterations", type=int, default=5)
-  p.add_argument("--tile_n", default="", help="comma list to sweep (default: heuristic)")
-  p.add_argument("--stages", default="4")
-  p.add_argument("--split_k", default="1")
-  args = p.parse_args(argv)
+  args = nv.bench_parser(__doc__).parse_args(argv)
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
   if args.mode in ("check", "all") and not check([int(m) for m in args.check_ms.split(",")]):
     print("CHECK FAILED", flush=True)

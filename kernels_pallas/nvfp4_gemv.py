@@ -862,16 +862,22 @@ def xla_matmul(x_MK: jax.Array, w: QuantizedWeight) -> jax.Array:
   return jnp.dot(x_MK.astype(jnp.bfloat16), w.dequantize(jnp.bfloat16)).astype(jnp.bfloat16)
 
 
-def supported(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig | None = None) -> bool:
-  if x_MK.ndim != 2 or w.packed_NP.ndim != 2 or jax.default_backend() != "gpu":
+def kernel_takes(x_MK: jax.Array, weight_ndim_ok: bool, check_config) -> bool:
+  """Whether a GEMV kernel here serves this call: a GPU, 2-D x, an unbatched weight, and a tuning
+  config whose check_config(m, k) passes (its ValueError means the shape does not fit)."""
+  if x_MK.ndim != 2 or not weight_ndim_ok or jax.default_backend() != "gpu":
     return False
-  m, k = x_MK.shape
-  n = w.shape[1]
   try:
-    (config or default_config(m, k, n)).check(m, k, n)
+    check_config(*x_MK.shape)
   except ValueError:
     return False
   return True
+
+
+def supported(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig | None = None) -> bool:
+  n = w.shape[1]
+  check = lambda m, k: (config or default_config(m, k, n)).check(m, k, n)  # noqa: E731
+  return kernel_takes(x_MK, w.packed_NP.ndim == 2, check)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "implementation"))
@@ -975,6 +981,23 @@ def _format_row(r: dict) -> str:
   )
 
 
+def check_case(name: str, measure) -> bool:
+  """One GPU check: measure() -> (passed, message). A failure to compile or run prints the
+  compiler's message and fails the case, so the remaining cases still run."""
+  try:
+    passed, message = measure()
+  except Exception as e:  # noqa: BLE001 -- print the compiler's message and go on
+    passed, message = False, f"FAILED {type(e).__name__}: {str(e)[:3000]}"
+  print(f"{name}: {message}", flush=True)
+  return passed
+
+
+def check_against(matmul, ref, x_MK, w, config, bound: float = 1e-2) -> tuple[bool, str]:
+  """The kernel (forced) against `ref` on one case, for `check_case`."""
+  err = rel_err(matmul(x_MK, w, config=config, implementation="mosaic"), ref(x_MK, w))
+  return err < bound, f"rel_err {err:.2e}"
+
+
 def check(ms, k: int = 4096, n: int = 1024) -> bool:
   """The kernel against `reference` on the GPU, default config and a split-K one; prints errors."""
   ok = True
@@ -983,19 +1006,14 @@ def check(ms, k: int = 4096, n: int = 1024) -> bool:
       w = random_weight(jax.random.key(m), k, n)
       w = NVFP4Weight(w.packed_NP, w.scales_NG, w.global_scale_N, m % 2 == 0)
       x = jax.random.normal(jax.random.key(m + 1), (m, k), jnp.bfloat16)
-      try:
-        y = nvfp4_matmul(x, w, config=config, implementation="mosaic")
-        err = rel_err(y, reference(x, w))
-        ok &= err < 1e-2
-        print(f"check M={m} K={k} N={n} {config}: rel_err {err:.2e}", flush=True)
-      except Exception as e:  # noqa: BLE001 -- print the compiler's message and go on
-        ok = False
-        print(f"check M={m} {config}: FAILED {type(e).__name__}: {str(e)[:3000]}", flush=True)
+      case = functools.partial(check_against, nvfp4_matmul, reference, x, w, config)
+      ok &= check_case(f"check M={m} K={k} N={n} {config}", case)
   return ok
 
 
-def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+  """The flags of a GEMV kernel's check / bench `main()` (NVFP4 and FP8 alike)."""
+  p = argparse.ArgumentParser(description=doc.splitlines()[0])
   p.add_argument("--mode", default="all", choices=["check", "bench", "all"])
   p.add_argument("--check_ms", default="1,3,8,16")
   p.add_argument("--shapes", default="8192x28672,5120x17408", help="KxN list")
@@ -1005,6 +1023,11 @@ def main(argv=None) -> None:
   p.add_argument("--tile_n", default="", help="comma list to sweep (default: heuristic)")
   p.add_argument("--stages", default="4")
   p.add_argument("--split_k", default="1")
+  return p
+
+
+def main(argv=None) -> None:
+  p = bench_parser(__doc__)
   p.add_argument("--decode", default="0", help="DECODE_PTX variants to sweep")
   args = p.parse_args(argv)
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)

@@ -171,3 +171,12 @@ def test_kernel_matches_reference_on_gpu(m, k, n, config):
   x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
   y = kern.nvfp4_matmul(x, w, config=config, implementation="mosaic")
   assert kern.rel_err(y, ref_f32(x, w)) < TOL
+
+
+def test_check_case_reports_a_failure_to_compile_and_goes_on(capsys):
+  def broken():
+    raise ValueError("ptxas: no")
+
+  assert not kern.check_case("case A", broken)
+  assert kern.check_case("case B", lambda: (True, "rel_err 1e-3"))
+  assert capsys.readouterr().out == "case A: FAILED ValueError: ptxas: no\ncase B: rel_err 1e-3\n"
