@@ -52,6 +52,7 @@ from specdec.decoding.generate import cache_slots, prompt_bucket
 from specdec.decoding.sampling import Sampling
 from specdec.decoding.step import StepConfig, decode_chunk
 from specdec.drafters import ngram, null
+from specdec.memory import tree_bytes
 from specdec.model import Model
 from specdec.models.config import ModelConfig
 from specdec.models.fuse import fuse_projections
@@ -137,7 +138,7 @@ def decode_cell(model: Model, batch: int, slots: int, n_steps: int, reps: int) -
     t = time.perf_counter()
     st = jax.block_until_ready(compiled(model.params, (), st))
     per_step.append((time.perf_counter() - t) / n_steps)
-  nbytes = step_bytes(model.params, model.config, batch, slots, jnp.dtype(model.dtype).itemsize)
+  nbytes = step_bytes(model.params, model.config, batch, slots, model.dtype)
   med = statistics.median(per_step)
   total = nbytes["weight_bytes"] + nbytes["kv_bytes"]
   return {
@@ -288,7 +289,7 @@ def loop_overhead(
     "empty_loop_slope_us": 1e6 * per_iter,
     "empty_loop_fixed_us": 1e6 * fixed,
     "empty_loop_trip_counts": [lo, hi],
-    "state_bytes": sum(x.nbytes for x in jax.tree.leaves(st) if hasattr(x, "nbytes")),
+    "state_bytes": tree_bytes(st),
     "hlo_copies": hlo_copies(hlo),
     "hlo_file": Path(hlo_path).name,
   }

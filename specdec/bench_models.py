@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from specdec.decoding.state import DecodeState, counters
+from specdec.memory import kv_slot_bytes, tree_bytes
 from specdec.model import Model
 from specdec.models.config import ModelConfig, from_hf_dict
 from specdec.models.transformer import KVCache, Transformer
@@ -127,13 +128,13 @@ def random_model(config: ModelConfig, fmt: str = "bf16", dtype=jnp.bfloat16) -> 
   return Model(config, random_params(config, fmt, jnp.dtype(dtype)), dtype=jnp.dtype(dtype))
 
 
-def step_bytes(params, config: ModelConfig, batch: int, slots: int, kv_itemsize: int) -> dict:
+def step_bytes(params, config: ModelConfig, batch: int, slots: int, kv_dtype) -> dict:
   """Bytes one decode step reads: weights as stored, and the K/V caches of all B rows."""
-  weights = sum(x.nbytes for x in jax.tree.leaves(params))
+  weights = tree_bytes(params)
   if not config.tie_word_embeddings:
     table = params["params"]["embed"]["embedding"]
     weights += batch * table.nbytes // table.shape[0] - table.nbytes  # only B rows are gathered
-  kv = 2 * config.num_layers * batch * slots * config.num_kv_heads * config.head_dim * kv_itemsize
+  kv = batch * slots * kv_slot_bytes(config, kv_dtype)
   return {"weight_bytes": int(weights), "kv_bytes": int(kv)}
 
 

@@ -57,7 +57,7 @@ def test_random_params_types_and_bytes(fmt):
   }[fmt]
   norms = 2 * (3 * D + 2 * H)  # attn, mlp, final; q and k
   want_weights = sum(per_weight(i, o) for i, o in linear) + 2 * D * V + norms + 2 * batch * D
-  nbytes = bench_models.step_bytes(params, config, batch, slots, 2)
+  nbytes = bench_models.step_bytes(params, config, batch, slots, jnp.bfloat16)
   assert nbytes == {"weight_bytes": want_weights, "kv_bytes": 2 * 1 * batch * slots * K * H * 2}
 
   model = bench_models.random_model(config, fmt)
