@@ -50,7 +50,7 @@ def get_config(preset: str = ""):
   c = ml_collections.ConfigDict()
   c.shapes = ml_collections.ConfigDict({"qwen3_8b": QWEN3_8B, "dense_27b": DENSE_27B})
   # Parts run in this order; "decode.<format>" runs one format, to put slow formats last.
-  c.parts = ("copy", "decode", "verify", "attention", "loop", "flags", "compile")
+  c.parts = ("copy", "decode", "verify", "attention", "loop", "flags", "compile", "profile")
   c.budget_s = 0.0  # wall seconds after which remaining cells are recorded as skipped; 0: no limit
   c.reps = 5  # timed repetitions per cell (after one warm-up); figures are median (min-max)
   c.copy_gib = 2.0
@@ -61,6 +61,9 @@ def get_config(preset: str = ""):
   c.batches = (1, 8)
   c.contexts = (1024, 8192)  # KV cache slots; the XLA attention reads all of them every step
   c.n_steps = 16  # decode steps per timed chunk
+  # decode / verify / profile models get q/k/v and gate/up fused (specdec.models.fuse), as the
+  # sweep decodes; the flags part sets it per arm.
+  c.fuse = True
 
   c.verify = ml_collections.ConfigDict(
     dict(shape="qwen3_8b", format="bf16", widths=(1, 2, 4, 8, 16), contexts=(1024, 8192), iters=64)
@@ -108,6 +111,10 @@ def get_config(preset: str = ""):
   c.compile = ml_collections.ConfigDict(
     dict(shape="qwen3_8b", format="bf16", batch=1, context=1024)
   )
+  # A profiler trace of the decode step: which kernels take the time the roofline does not explain.
+  c.profile = ml_collections.ConfigDict(
+    dict(shape="qwen3_8b", formats=("bf16", "nvfp4"), batch=1, context=1024, top=30)
+  )
   if preset == "tiny":
     _tiny(c)
   return c
@@ -128,5 +135,6 @@ def _tiny(c):
   # The command-buffer arm alone: it checks that this XLA accepts the flag (bad flags abort).
   c.loop.xla_flags = ("--xla_gpu_enable_command_buffer=",)
   c.compile.update(shape="tiny", context=16)
+  c.profile.update(shape="tiny", formats=("bf16",), context=16)
   c.flags.update(shape="tiny", context=16, legs=1)
   c.flags.arms = (("", True), ("--xla_gpu_enable_triton_gemm=false", False))

@@ -11,6 +11,8 @@ Parts, each returning result rows (dicts) that carry their own conditions:
              and the copies in its optimized HLO; one subprocess per XLA_FLAGS arm
   compile    lower + compile of the decode chunk in a fresh process, cold and then from the
              persistent compilation cache (a second fresh process)
+  profile    the decode step's device kernels from a profiler trace (specdec.gpu_profile): time
+             per kernel and per HLO op, and the share of the step the device was busy
 
 Targets are random (`specdec.bench_models`): speed does not depend on the values, and timings
 start from a synthetic decode state, so no prefill runs.
@@ -36,7 +38,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from specdec import bench
+from specdec import bench, gpu_profile
 from specdec.bench_models import (
   FORMATS,
   BenchConfigError,
@@ -59,7 +61,7 @@ from specdec.models.fuse import fuse_projections
 from specdec.models.transformer import KVCache, attend
 from specdec.results import append_row, environment_fields
 
-PARTS = ("copy", "decode", "verify", "attention", "loop", "flags", "compile")
+PARTS = ("copy", "decode", "verify", "attention", "loop", "flags", "compile", "profile")
 ATTENTION_IMPLS = ("xla", "xla_sdpa", "cudnn", "cudnn_seqlen")
 COPY_CEILING_TBS = 4.24  # DESIGN.md section 9: torch device-to-device copy on the H200
 # Issue 9's bars, as a fraction of COPY_CEILING_TBS, for B = 1 decode.
@@ -127,12 +129,19 @@ def _null_step(config: ModelConfig, dtype) -> StepConfig:
   return StepConfig(config, dtype, null(), 0, Sampling(), "greedy", ())
 
 
-def decode_cell(model: Model, batch: int, slots: int, n_steps: int, reps: int) -> dict:
-  """One-token greedy steps: `reps` chunks of n_steps, the state threaded (donated) through."""
+def _decode_executable(model: Model, batch: int, slots: int, n_steps: int, reps: int):
+  """(compiled chunk of n_steps one-token greedy steps, its warmed state, compile seconds); the
+  state leaves room for `reps` more chunks."""
   sc = _null_step(model.config, model.dtype)
   st = synthetic_state(model.config, batch, slots, slots - (reps + 1) * n_steps - 1, 0, model.dtype)
   compiled, compile_s = compile_aot(decode_chunk, model.params, (), st, sc=sc, n_steps=n_steps)
   st = jax.block_until_ready(compiled(model.params, (), st))  # warm
+  return compiled, st, compile_s
+
+
+def decode_cell(model: Model, batch: int, slots: int, n_steps: int, reps: int) -> dict:
+  """One-token greedy steps: `reps` chunks of n_steps, the state threaded (donated) through."""
+  compiled, st, compile_s = _decode_executable(model, batch, slots, n_steps, reps)
   per_step = []
   for _ in range(reps):
     t = time.perf_counter()
@@ -148,6 +157,30 @@ def decode_cell(model: Model, batch: int, slots: int, n_steps: int, reps: int) -
     "tb_s": total / med / 1e12,
     "n_steps": n_steps,
     "compile_s": compile_s,
+  }
+
+
+def profile_cell(
+  model: Model, batch: int, slots: int, n_steps: int, reps: int, top: int, hlo_path: str
+) -> dict:
+  """The decode chunk's kernels over `reps` traced chunks (after a warm one), per step; the
+  optimized HLO goes to `hlo_path` so each op stem can be looked up."""
+  compiled, st, _ = _decode_executable(model, batch, slots, n_steps, reps)
+  Path(hlo_path).write_text(compiled.as_text())
+  state = [st]
+
+  def call():
+    state[0] = compiled(model.params, (), state[0])
+    return state[0]
+
+  t = time.perf_counter()
+  kernels = gpu_profile.trace_kernels(call, reps)
+  wall = time.perf_counter() - t
+  return {
+    **gpu_profile.summarize(kernels, reps * n_steps, top),
+    "traced_step_us": 1e6 * wall / (reps * n_steps),  # tracing adds its own host overhead
+    "n_steps": n_steps,
+    "hlo_file": Path(hlo_path).name,
   }
 
 
@@ -357,6 +390,7 @@ def _slots_needed(cfg) -> dict:
     "attention": max(cfg.attention.widths) + 1,
     "compile": cfg.n_steps + 2,
     "flags": (cfg.reps + 1) * cfg.n_steps + 2,
+    "profile": (cfg.reps + 1) * cfg.n_steps + 2,
   }
 
 
@@ -377,11 +411,11 @@ def validate(cfg) -> None:
   for name in cfg.shape_names:
     if name not in cfg.shapes:
       raise BenchConfigError(f"shape_names: unknown shape {name!r}; known: {sorted(cfg.shapes)}")
-  for sub in ("verify", "attention", "loop", "flags", "compile"):
+  for sub in ("verify", "attention", "loop", "flags", "compile", "profile"):
     if cfg[sub].shape not in cfg.shapes:
       raise BenchConfigError(f"{sub}.shape: unknown shape {cfg[sub].shape!r}")
   formats = set(cfg.formats) | {fmt for _, fmts in parts for fmt in fmts or ()}
-  formats |= {cfg.compile.format, cfg.flags.format}
+  formats |= {cfg.compile.format, cfg.flags.format, *cfg.profile.formats}
   for fmt in sorted(formats):
     if fmt not in FORMATS:
       raise BenchConfigError(f"unknown format {fmt!r}; choose from {FORMATS}")
@@ -399,6 +433,7 @@ def validate(cfg) -> None:
     "attention": cfg.attention.contexts,
     "compile": (cfg.compile.context,),
     "flags": (cfg.flags.context,),
+    "profile": (cfg.profile.context,),
   }
   for part, contexts in ctxs.items():
     if min(contexts) < need[part]:
@@ -470,6 +505,7 @@ class Runner:
       "format": fmt,
       **dict(self.cfg.shapes[name]),
       "tie_word_embeddings": config.tie_word_embeddings,
+      "fused": bool(self.cfg.fuse),
     }
 
   def _decode(self, fmts):
@@ -484,10 +520,12 @@ class Runner:
         del model  # frees this shape's weights before the next one is built
 
   def _model(self, name: str, fmt: str) -> Model | None:
-    """The random model, or None once the budget is spent (its cells are then only recorded)."""
-    return (
-      random_model(model_config(self.cfg.shapes[name]), fmt) if self.budget.left() > 0 else None
-    )
+    """The random model (projections fused if cfg.fuse), or None once the budget is spent (its
+    cells are then only recorded)."""
+    if self.budget.left() <= 0:
+      return None
+    model = random_model(model_config(self.cfg.shapes[name]), fmt)
+    return fuse_projections(model) if self.cfg.fuse else model
 
   def _decode_cell(self, model: Model, batch: int, ctx: int) -> dict:
     row = decode_cell(model, batch, ctx, self.cfg.n_steps, self.cfg.reps)
@@ -574,8 +612,8 @@ class Runner:
           "context": f.context,
           "leg": leg,
           "xla_flags": flags,
-          "fused": bool(fuse),
         }
+        cond["fused"] = bool(fuse)  # the arm's, not cfg.fuse
         self.guarded(cond, self._flags_cell, {**kwargs, "fuse": bool(fuse)}, flags)
 
   def _flags_cell(self, kwargs: dict, flags: str) -> dict:
@@ -603,6 +641,21 @@ class Runner:
           "run": run,
         }
         self.guarded(cond, self._child, "compile", {**kwargs, "cache_dir": cache_dir}, None)
+
+  def _profile(self):
+    pf = self.cfg.profile
+    for fmt in pf.formats:
+      model = self._model(pf.shape, fmt)
+      cond = {
+        "part": "profile",
+        **self._shape_row(pf.shape, fmt),
+        "batch": pf.batch,
+        "context": pf.context,
+      }
+      hlo = str(self.out / f"profile_{pf.shape}_{fmt}.hlo.txt")
+      args = (model, pf.batch, pf.context, self.cfg.n_steps, self.cfg.reps, pf.top, hlo)
+      self.guarded(cond, profile_cell, *args)
+      del model
 
   def _child(self, kind: str, kwargs: dict, xla_flags: str | None) -> dict:
     return run_child(kind, kwargs, xla_flags, timeout=self.budget.left())
@@ -691,11 +744,14 @@ def markdown(rows: list[dict]) -> str:
   if by("decode"):
     out += _section(
       "Decode (one-token greedy step, null drafter, in-jit chunks)",
-      "| shape | format | B | ctx | step us (min-max) | tok/s | GB read/step (weights + KV) "
-      "| TB/s | % of measured copy | % of 4.24 | bar | compile s |",
-      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+      "| shape | format | fused | B | ctx | step us (min-max) | tok/s | GB read/step "
+      "(weights + KV) | TB/s | % of measured copy | % of 4.24 | bar | compile s |",
+      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
       by("decode"),
-      lambda r: f"| {r['shape']} | {r['format']} | {r.get('batch', '')} | {r.get('context', '')} |",
+      lambda r: (
+        f"| {r['shape']} | {r['format']} | {'yes' if r.get('fused') else 'no'} | "
+        f"{r.get('batch', '')} | {r.get('context', '')} |"
+      ),
       _decode_figures,
     )
   if by("verify"):
@@ -757,7 +813,37 @@ def markdown(rows: list[dict]) -> str:
       ),
       lambda r: f"{r['lower_s']:.2f} | {r['compile_s']:.2f} | {r['cache_hits']} |",
     )
+  for r in by("profile"):
+    out += _profile_tables(r)
   return "\n".join(out)
+
+
+def _profile_tables(r: dict) -> list[str]:
+  fused = ", fused projections" if r.get("fused") else ""
+  head = f"{r['shape']} {r['format']}{fused} B = {r['batch']} ctx {r['context']}"
+  if _status(r):
+    return ["", f"### Profile: {head}: {_status(r)}"]
+  out = [
+    "",
+    f"### Profile: {head}",
+    "",
+    f"{r['kernels_per_step']:.0f} kernels and {r['kernel_us_per_step']:.1f} us of kernel time per "
+    f"step; traced window {r['window_us_per_step']:.1f} us per step, device busy "
+    f"{100 * r['busy_fraction']:.1f}% of it; wall {r['traced_step_us']:.1f} us per step under the "
+    f"tracer. HLO: {r['hlo_file']}.",
+  ]
+  for key, what in (("by_op", "HLO op stem"), ("by_kernel", "kernel")):
+    out += [
+      "",
+      f"| {what} | per step | us per step | share of kernel time |",
+      "|---|---:|---:|---:|",
+    ]
+    out += [
+      f"| `{g['name'][:90]}` | {g['per_step']:.1f} | {g['us_per_step']:.1f} | "
+      f"{100 * g['share']:.1f}% |"
+      for g in r[key]
+    ]
+  return out
 
 
 def _child_main(spec_json: str) -> None:

@@ -160,16 +160,9 @@ def test_experiment_runs_every_part_on_the_tiny_preset(tmp_path):
   rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
   assert not [r for r in rows if "error" in r or "skipped" in r]
   parts = [r["part"] for r in rows]
-  assert (
-    parts
-    == ["copy"]
-    + ["decode"] * 3
-    + ["verify"] * 2
-    + ["attention"] * 2
-    + ["loop"]
-    + ["flags"] * 2
-    + ["compile"] * 2
-  )
+  assert parts == ["copy"] + ["decode"] * 3 + ["verify"] * 2 + ["attention"] * 2 + ["loop"] + [
+    "flags"
+  ] * 2 + ["compile"] * 2 + ["profile"]
 
   arms = [(r["xla_flags"], r["fused"]) for r in rows if r["part"] == "flags"]
   assert arms == [("", True), ("--xla_gpu_enable_triton_gemm=false", False)]
@@ -193,6 +186,12 @@ def test_experiment_runs_every_part_on_the_tiny_preset(tmp_path):
   cold, cached = (r for r in rows if r["part"] == "compile")
   assert (cold["cache_hits"], cached["cache_hits"]) == (0, 1)
 
+  (prof,) = (r for r in rows if r["part"] == "profile")
+  assert prof["kernels_per_step"] > 0 and 0 < prof["busy_fraction"] <= 1
+  assert sum(g["share"] for g in prof["by_op"]) <= 1 + 1e-9
+  assert (tmp_path / prof["hlo_file"]).read_text().startswith("HloModule")
+
   table = (tmp_path / "table.md").read_text()
-  assert "| tiny | nvfp4 | 2 | 16 |" in table and "### Compile of the decode chunk" in table
+  assert "| tiny | nvfp4 | yes | 2 | 16 |" in table and "### Compile of the decode chunk" in table
+  assert "### Profile: tiny bf16, fused projections B = 1 ctx 16" in table
   assert table.strip() in proc.stdout
