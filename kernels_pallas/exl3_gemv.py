@@ -3,8 +3,8 @@
 W = diag(suh) . H . W_hat . H . diag(svh) (specdec/quant/exl3/weight.py). The rotations act on
 [M, 128-blocks] and are cheap XLA ops: x' = had(x * suh) goes in as fp16, the kernel computes
 x' @ W_hat straight from the trellis, and had(y') * svh (+ bias) comes after. Prefill (M > 16)
-reconstructs W and lets XLA multiply (`EXL3Weight.dense_matmul`). Not yet dispatched from
-`EXL3Weight.matmul`: see "In the model" below.
+reconstructs W and lets XLA multiply (`EXL3Weight.dense_matmul`). `EXL3Weight.matmul` dispatches
+here on a GPU for bf16 x: see "In the model" below for the gate that decided it.
 
 Backend: Mosaic GPU (`plgpu.kernel` + `plgpu.emit_pipeline`, TMA into SMEM), the per-tile decode
 written as straight-line PTX through `plgpu.inline_mgpu`; no Triton fallback exists.
@@ -75,15 +75,13 @@ count and occupancy (read them first), releasing each slot per warp instead of a
 barrier per step, more warpgroups per CTA, and a load-time repack of the trellis that lets each
 state come out in one op (31 -> 28 instructions per 8 weights).
 
-In the model (`python -m experiments.check_quant_kernel --format=exl3_4`, zoo target quantized
-to EXL3 K = 4 on the H200 in 66.8 s): M = 8 logits through the kernel differ from the
-dequantized-bf16 twin by at most 0.094 (of max |logit| 11.6), the same as NVFP4's kernel against
-its twin. On the first HumanEval prompt (the run timed out after it) ngram k = 4 speculative
-tokens, same-shape tokens and the twin's tokens all differed from plain decoding through the
-kernel; whether speculative equalled same-shape was not recorded. In bf16 a width-5 verify can
-round a near-tie differently from a width-1 step with plain XLA weights too (the sweep's gate
-therefore falls back to the same-shape baseline), so this is not yet evidence of a kernel fault;
-until the script settles it, `EXL3Weight.matmul` does not dispatch here.
+In the model (`python -m experiments.check_quant_kernel --format=exl3_4`): M = 8 logits through
+the kernel differ from the dequantized-bf16 twin by at most 0.094-0.125 (of max |logit| 11.5), the
+same as NVFP4's kernel against its twin. 2026-11-30, zoo target quantized to EXL3 K = 4 on the CPU
+(experiments/export_quant_zoo), 3 HumanEval prompts, ngram k = 4: speculative tokens equalled the
+same-shape baseline on 3 of 3 through the kernel (and 3 of 3 through the twin); plain greedy through
+the kernel equalled the twin's on 3 of 3; speculative equalled plain greedy on 2 of 3 on both paths
+(the bf16 width-5 rounding the sweep's gate allows for). Hence the dispatch.
 
 Testing without a GPU. `_step` is written once against the small ops interface of nvfp4_gemv;
 the decode is a `DecodeProgram` that both prints as PTX and runs on numpy. `emulate()` runs the

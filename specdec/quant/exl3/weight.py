@@ -59,9 +59,13 @@ class EXL3Weight:
     return w_IO[: self.in_features, : self.out_features].astype(dtype)
 
   def matmul(self, x_MK: jax.Array) -> jax.Array:
-    # Not yet dispatched to the GPU kernel (kernels_pallas/exl3_gemv.py, correct against its
-    # reference): its greedy check in the model is unsettled (that file's docstring;
-    # `python -m experiments.check_quant_kernel --format=exl3_4` decides it).
+    if jax.default_backend() == "gpu" and x_MK.dtype == jnp.bfloat16:
+      # Imported here: CPU runs never need Pallas. M > 16 and unsupported shapes fall back to
+      # dense_matmul inside.
+      from kernels_pallas.exl3_gemv import exl3_matmul
+
+      y_MN = exl3_matmul(x_MK.reshape(-1, x_MK.shape[-1]), self)
+      return y_MN.reshape(*x_MK.shape[:-1], y_MN.shape[-1])
     return self.dense_matmul(x_MK)
 
   def dense_matmul(self, x_MK: jax.Array) -> jax.Array:
