@@ -37,6 +37,7 @@ from specdec.decoding.accept import validate_mode
 from specdec.decoding.generate import cache_slots, check_cache_room, generate, prompt_bucket
 from specdec.decoding.sampling import Sampling
 from specdec.drafters import draft_lm, ngram, null
+from specdec.models.fuse import fuse_projections
 from specdec.quant.apply import quantize_model
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -211,7 +212,7 @@ class Runner:
 
   def __init__(self, cfg, target, drafters: dict):
     self.cfg, self.target = cfg, target
-    self._targets = {"bf16": target}
+    self._targets = {}  # target format -> the model that decodes (quantized, fused as asked)
     self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n), **drafters}
     prompts = workload_lib.select(workload_lib.load_workload(cfg.workload), cfg.n_prompts)
     if cfg.chat_template:
@@ -258,7 +259,9 @@ class Runner:
     t = cell.temperature if temperature is None else temperature
     name = drafter_name or cell.method
     if cell.target_format not in self._targets:
-      self._targets[cell.target_format] = quantize_model(self.target, cell.target_format)
+      fmt = cell.target_format
+      target = self.target if fmt == "bf16" else quantize_model(self.target, fmt)
+      self._targets[fmt] = fuse_projections(target) if self.cfg.fuse_projections else target
     return generate(
       self._targets[cell.target_format], ids, max_new_tokens=self.cfg.max_new_tokens, temperature=t,
       top_k=cell.top_k if t else 0, top_p=cell.top_p if t else 1.0, seed=seed,
@@ -310,6 +313,7 @@ class Runner:
         "output_sha": sha,
         "prompt_lengths": [len(p) for p in ids],
         "chat_template": bool(self.cfg.chat_template),
+        "fuse_projections": bool(self.cfg.fuse_projections),
       },
     }
     return row

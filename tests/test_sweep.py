@@ -199,3 +199,18 @@ def test_gate_falls_back_to_the_same_shape_baseline(monkeypatch, temperature):
   monkeypatch.setattr(runner, "_generate", wrong_reject)
   row = runner.run(cell, 0, baseline_sha="not-the-no-draft-output")
   assert not row["gate_passed"] and "same-shape baseline" in row["gate"]
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_the_decoding_target_has_fused_projections_when_the_config_asks(fuse):
+  import specdec
+  from specdec import sweep
+
+  cfg = sweep.normalize(small_config(fuse_projections=fuse))
+  cell = next(c for c in sweep.expand(cfg) if c.method == "ngram")
+  runner = sweep.Runner(cfg, specdec.load(TARGET, dtype=sweep.DTYPES[cfg.dtype]), {})
+  row = runner.run(cell, 0, baseline_sha=None)
+  layer = runner._targets[cell.target_format].params["params"]["layer_0"]
+  assert ("qkv_proj" in layer["attn"], "gate_up_proj" in layer["mlp"]) == (fuse, fuse)
+  assert "q_proj" not in layer["attn"] if fuse else "q_proj" in layer["attn"]
+  assert row["extra"]["fuse_projections"] is fuse and row["gate_passed"]
