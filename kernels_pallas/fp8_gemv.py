@@ -100,7 +100,8 @@ class TuningConfig:
 
 def default_config(m: int, k: int, n: int) -> TuningConfig:
   """NVFP4's row balancing: its only use of K is divisibility by its step of 256 k, which holds
-  128 bytes per row as our step of 128 k does, so it is asked about the K of equal bytes."""
+  128 bytes per row as our step of 128 k does, so it is asked about the K of equal bytes. Its
+  split of one-CTA-per-SM plans along K was measured with the NVFP4 kernel only."""
   c = nv.default_config(m, 2 * k, n)
   return TuningConfig(tile_n=c.tile_n, split_k=c.split_k)
 

@@ -198,7 +198,14 @@ def _per_sm_rows(n: int, tile_n: int, split_k: int, num_sms: int) -> float:
 
 def default_config(m: int, k: int, n: int, num_sms: int = NUM_SMS) -> TuningConfig:
   """The row blocks per CTA (1..8) that leave the busiest SM least work, larger on ties; split K
-  (powers of 2) only while it lowers that."""
+  (powers of 2) only while it lowers that. A plan that leaves at most one CTA per SM is then split
+  4 (or 2) ways along K, keeping >= 4 steps per CTA: a lone CTA cannot hide its own TMA latency.
+
+  That last rule is measured (H200, 2026-11-30, M = 1, `--mode bench`, the f32 partial sum
+  included): 12288x4096 as 128 CTAs of 32 rows 17.1 us, split 4 ways 13.7 us; 4096x4096 6.7 ->
+  6.2 us; 4096x6144 (48 rows) 9.0 -> 8.6 us. Splitting 4096x24576 (256 CTAs, two per SM) in 2
+  made it slower (21.3 -> 26.1 us), hence the one-CTA-per-SM condition.
+  """
   del m
   best = None
   for split in (1, 2, 4, 8):
@@ -211,7 +218,12 @@ def default_config(m: int, k: int, n: int, num_sms: int = NUM_SMS) -> TuningConf
       if best is None or cost < best[0] - 1e-9:
         best = (cost, TuningConfig(tile_n=16 * r, split_k=split))
   assert best is not None, (k, n)
-  return best[1]
+  config = best[1]
+  if config.split_k == 1 and math.ceil(n / config.tile_n) <= num_sms:
+    for split in (4, 2):
+      if k % (TILE_K * split) == 0 and k // (TILE_K * split) >= 4:
+        return dataclasses.replace(config, split_k=split)
+  return config
 
 
 # ------------------------------------------------------------------------------------------------

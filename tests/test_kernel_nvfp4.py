@@ -131,6 +131,11 @@ def test_default_config_balances_the_chip():
   assert kern.default_config(1, 5120, 17408) == kern.TuningConfig(48)  # 363 CTAs, <= 3 per SM
   c = kern.default_config(1, 4096, 1024)  # too few rows for 132 SMs: split K
   assert c.split_k > 1 and -(-1024 // c.tile_n) * c.split_k >= 100
+  # One CTA per SM (128 of 32 rows) is split 4 ways along K; two per SM (24576 / 96) is not.
+  assert kern.default_config(1, 12288, 4096) == kern.TuningConfig(32, split_k=4)
+  assert kern.default_config(1, 4096, 24576) == kern.TuningConfig(96)
+  assert kern.default_config(1, 2048, 4096).split_k == 2  # >= 4 steps of 256 k per CTA
+  assert kern.default_config(1, 1024, 4096).split_k == 1
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 8192, 28672), (16, 5120, 17408), (5, 4096, 4096)])
