@@ -7,6 +7,7 @@ from tqdm import tqdm
 
 import specdec
 from specdec import results, sweep, tables
+from specdec.checkpoint.fingerprint import fingerprint
 from specdec.sweep import SweepError
 
 
@@ -30,7 +31,10 @@ def run(cfg, out_dir: str, progress: bool = True) -> str:
   runner = sweep.Runner(cfg, target, drafters)
   longest = max(len(p) for p in runner.prompt_ids(0, 0))
   sweep.validate(cfg, cells, target.config.max_position_embeddings, longest, runner.check_memory)
-  results.write_config(out, cfg.to_dict())
+  # The weights' identity too: the paths alone survive a retrain (a resume must not mix models).
+  used = {"target": cfg.target, **{m: cfg.checkpoints[m] for m in drafters}}
+  prints = {name: fingerprint(sweep.resolve_path(spec)) for name, spec in used.items()}
+  results.write_config(out, {**cfg.to_dict(), "checkpoint_fingerprints": prints})
 
   path = out / results.RESULTS_NAME
   rows = results.load_rows(path) if path.exists() else []

@@ -214,3 +214,18 @@ def test_the_decoding_target_has_fused_projections_when_the_config_asks(fuse):
   assert ("qkv_proj" in layer["attn"], "gate_up_proj" in layer["mlp"]) == (fuse, fuse)
   assert "q_proj" not in layer["attn"] if fuse else "q_proj" in layer["attn"]
   assert row["extra"]["fuse_projections"] is fuse and row["gate_passed"]
+
+
+def test_resume_refuses_a_target_whose_files_changed(tmp_path):
+  import shutil
+
+  target = tmp_path / "target"
+  shutil.copytree(TARGET, target)
+  out = str(tmp_path / "run")
+  cfg = small_config(target=str(target), ks=(1,))
+  cfg.checkpoints.draft_lm = str(target)
+  sweep_main.run(cfg, out, progress=False)
+  sweep_main.run(cfg, out, progress=False)  # same bytes: a resume
+  (target / "generation_config.json").write_text('{"eos_token_id": 0}')
+  with pytest.raises(results.ResultsError, match="checkpoint_fingerprints.target"):
+    sweep_main.run(cfg, out, progress=False)
