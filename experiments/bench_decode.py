@@ -1,7 +1,9 @@
 """Decode speed of large random targets and what bounds it (issue 9): step time, tok/s, bytes read
 and % of the HBM roofline per (shape, format, B, context); verify width; attention over the cache
-(XLA einsum / XLA SDPA / cuDNN); loop overhead with and without XLA command buffers; cold and
-cached compile. Prints Markdown tables; one JSON row per cell in --out/results.jsonl.
+(XLA einsum / XLA SDPA / cuDNN); loop overhead with and without XLA command buffers; decode under
+XLA_FLAGS arms; cold and cached compile; the decode step's kernels from a profiler trace. Models
+decode with fused q/k/v and gate/up unless --config.fuse=False. Prints Markdown tables; one JSON
+row per cell in --out/results.jsonl.
 
   python -m experiments.bench_decode --config=configs/bench_decode.py --out=runs/bench_decode
 
@@ -17,6 +19,7 @@ it are recorded as skipped):
   ... --config.budget_s=110 --config.parts="('copy','loop','attention','compile')" \
     --config.attention.widths="(1,4,16)" --config.attention.impls="('xla','cudnn','cudnn_seqlen')"
   ... --config.parts="('compile',)"
+Session 3's runs (profile, flags, fused decode rows, verify) are listed in docs/benchmarks.md.
 The whole default config needs well over 10 minutes of H200 time (compiles dominate: ~8-11 s per
 8B-shape executable, ~17-19 s per 27B-shape one).
 """
