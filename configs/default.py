@@ -39,7 +39,7 @@ def get_config():
   # Share of the device's memory the params + decode state may fill (vLLM's
   # gpu_memory_utilization); a cell that does not fit is refused before the sweep starts.
   c.memory_fraction = 0.9
-  # q/k/v and gate/up as one matmul each in the decoding target (specdec.models.fuse: same logits;
-  # on the H200 a Qwen3-8B-shape bf16 step at B = 1 took 4.74 instead of 6.21 ms).
+  # q/k/v and gate/up as one matmul each in the decoding target (specdec.models.fuse: same logits,
+  # a faster step on the H200: docs/benchmarks.md).
   c.fuse_projections = True
   return c

@@ -10,9 +10,9 @@ import pytest
 import specdec
 from specdec.data import workload
 from specdec.sweep import resolve_path
+from specdec.training.zoo import MODELS
 
 ZOO = os.path.dirname(resolve_path("zoo:target"))
-MODELS = ("target", "draft_lm", "mtp", "eagle3", "block8", "block16")
 
 
 def test_every_model_within_the_size_budget():
