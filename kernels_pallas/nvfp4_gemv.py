@@ -21,13 +21,16 @@ of ~2 us on a ~40 us kernel. `mma.sync` takes B from registers, so each lane bui
 from the same physical k it decoded (4 `prmt` per 8 values); nothing is permuted outside. M <= 16
 needs < 200 TFLOP/s, far under mma.sync's rate.
 
-Decode (Marlin's trick, bf16 flavour). For a word q and pair p, A = q << (12 - 4p) puts nibble p's
-sign at bit 15 and nibble p + 4's at bit 31; B = q << (6 - 4p) puts their (e1 e0 m) bits at [8:6]
-and [24:22]. bf16 bits `(A & 0x80008000) | (B & 0x01C001C0)` are exactly E2M1(code) * 2^-126
-(e = 0 lands on the bf16 subnormals). One `mul.bf16x2` by the block scale, pre-multiplied by 2^118
-(E4M3 -> f16 by `cvt.e4m3x2`, then f32, then bf16), gives code * scale / 256 exactly (<= 6
-significant bits, in [2^-18, 10.5]); the epilogue multiplies by 256 * global scale (or divides).
-15 integer ops + 4 bf16x2 multiplies per 8 weights, no lookup table.
+Decode (Marlin's trick, bf16 flavour). For a word q and pair p, in the checkpoint's bit order A = q
+<< (12 - 4p) puts nibble p's sign at bit 15 and nibble p + 4's at bit 31; B = q << (6 - 4p) puts
+their (e1 e0 m) bits at [8:6] and [24:22]. bf16 bits `(A & 0x80008000) | (B & 0x01C001C0)` are
+exactly E2M1(code) * 2^-126 (e = 0 lands on the bf16 subnormals). One `mul.bf16x2` by the block
+scale, pre-multiplied by 2^118 (E4M3 -> f16 by `cvt.e4m3x2`, then f32, then bf16), gives code *
+scale / 256 exactly (<= 6 significant bits, in [2^-18, 10.5]); the epilogue multiplies by 256 *
+global scale (or divides). 15 integer ops + 4 bf16x2 multiplies per 8 weights, no lookup table.
+Weights in the kernel's bit order (`NVFP4Weight.in_order("kernel")`, done once at load on a GPU;
+specdec.quant.nvfp4's PAIR_SHIFTS) need 11: two pairs are one shift and one mask. `decode_ptx`
+writes either from the shift table, and the kernel takes the order the weight is in.
 
 Measured on the H200 (2026-11-30, jax 0.11.2, CUPTI kernel time, median of 5 runs over 4 weight
 copies so L2 holds none; `PYTHONPATH=. python3 -m kernels_pallas.nvfp4_gemv --mode bench`;
@@ -52,11 +55,16 @@ cycle, the rate of the 16-lane integer pipe, because the decode is ~15 integer o
 At 3.4 TB/s that decode alone needs ~70% of the H200's integer throughput. So this version spends
 no integer op the decode does not need (x is read and paired by one warp, not four) and balances
 rows across SMs (busiest SM 224 rows instead of 256): 46.3 -> 41.2 us, and 30.2 -> 19.6 us on
-5120x17408 (136 CTAs left 4 SMs doing twice the work). Measured and worse: decode variant 1
-(44.5 us), 3 or 6 stages (42.2, 44.2 us), 96-row CTAs on 5120x17408 (25.5 us). M > 8 doubles the
-mma and x work (two token tiles): 41 -> 46.5 us. Next levers, unmeasured: read the SASS for the
-SHF/IMAD split of the shifts, and a load-time repack of the codes (as Marlin does) that would let
-a pair decode in fewer than 4 integer ops.
+5120x17408 (136 CTAs left 4 SMs doing twice the work). Measured and worse: a decode that shifted
+q right by a byte once and then only left (44.5 us), 3 or 6 stages (42.2, 44.2 us), 96-row CTAs
+on 5120x17408 (25.5 us). M > 8 doubles the mma and x work (two token tiles): 41 -> 46.5 us.
+
+Nsight Compute on that version (8192x28672, M = 1, 2026-11-30, `--clock-control none`): 42.8 us
+at 1.79 GHz, 114 registers, 66.6 KB of SMEM per CTA (3 CTAs per SM fit, 1.94 exist), 7.45 warps
+per SM, issue slots 60% busy (2.64 IPC), ALU pipe 55%; 737 SASS instructions per thread and step
+(28 words: LOP3 230, IMAD 164 (ptxas already turns the left shifts into IMAD.SHL), HMUL2 112,
+SHF 59, LDS 30, HMMA 28, scale conversions ~50). So the kernel is issue-bound with too few warps
+to hide latency; the kernel bit order removes 4 of ~26 instructions per word.
 
 Bank conflicts. With the 128B swizzle (16-byte chunk c of a 128-byte line is stored at c ^ line%8)
 the code reads (8 B per lane, chunks w and w + 4 of each row line) and scale reads are conflict-
@@ -74,6 +82,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import itertools
 import math
 import statistics
 import sys
@@ -87,7 +96,7 @@ import ml_dtypes
 import numpy as np
 
 from specdec.quant.matmul import QuantizedWeight
-from specdec.quant.nvfp4 import GROUP, NVFP4Weight
+from specdec.quant.nvfp4 import GROUP, PAIR_SHIFTS, BitOrder, NVFP4Weight
 
 TILE_K = 256  # K per pipeline step: one 128-byte swizzle line of packed codes per weight row
 BLOCK_ROWS = 16  # rows of one mma.sync A operand
@@ -97,57 +106,39 @@ WEIGHT_SCALE_SHIFT = 118  # block scales enter bf16 as scale * 2^118; the produc
 OUT_SCALE = 2.0 ** (126 - WEIGHT_SCALE_SHIFT)
 COPY_CEILING_TBS = 4.24  # DESIGN.md section 9, device-to-device copy on the H200
 
-# Two variants of one decode: 0 shifts each pair from q (two right shifts), 1 shifts q right once
-# by a byte and then only left, hoping ptxas moves left shifts to the FMA pipe as IMAD.SHL. It
-# costs 2 more ops per word and measured slower (44.5 vs 41.2 us on 8192x28672, M = 1).
-DECODE_PTX = (
-  """{
-.reg .b32 a, b;
-shl.b32 a, $4, 12;
-shl.b32 b, $4, 6;
-and.b32 b, b, 0x01C001C0;
-lop3.b32 a, a, b, 0x80008000, 0xEC;
-mul.rn.bf16x2 $0, a, $5;
-shl.b32 a, $4, 8;
-shl.b32 b, $4, 2;
-and.b32 b, b, 0x01C001C0;
-lop3.b32 a, a, b, 0x80008000, 0xEC;
-mul.rn.bf16x2 $1, a, $5;
-shl.b32 a, $4, 4;
-shr.u32 b, $4, 2;
-and.b32 b, b, 0x01C001C0;
-lop3.b32 a, a, b, 0x80008000, 0xEC;
-mul.rn.bf16x2 $2, a, $5;
-shr.u32 b, $4, 6;
-and.b32 b, b, 0x01C001C0;
-lop3.b32 a, $4, b, 0x80008000, 0xEC;
-mul.rn.bf16x2 $3, a, $5;
-}""",
-  """{
-.reg .b32 a, b, r;
-shl.b32 a, $4, 12;
-shl.b32 b, $4, 6;
-and.b32 b, b, 0x01C001C0;
-lop3.b32 a, a, b, 0x80008000, 0xEC;
-mul.rn.bf16x2 $0, a, $5;
-shl.b32 a, $4, 8;
-shl.b32 b, $4, 2;
-and.b32 b, b, 0x01C001C0;
-lop3.b32 a, a, b, 0x80008000, 0xEC;
-mul.rn.bf16x2 $1, a, $5;
-shr.u32 r, $4, 8;
-shl.b32 a, r, 12;
-shl.b32 b, r, 6;
-and.b32 b, b, 0x01C001C0;
-lop3.b32 a, a, b, 0x80008000, 0xEC;
-mul.rn.bf16x2 $2, a, $5;
-shl.b32 a, r, 8;
-shl.b32 b, r, 2;
-and.b32 b, b, 0x01C001C0;
-lop3.b32 a, a, b, 0x80008000, 0xEC;
-mul.rn.bf16x2 $3, a, $5;
-}""",
-)
+
+def _shift_ptx(dst: str, src: str, left: int) -> str:
+  return f"shl.b32 {dst}, {src}, {left};" if left > 0 else f"shr.u32 {dst}, {src}, {-left};"
+
+
+@functools.cache
+def decode_ptx(order: BitOrder) -> str:
+  """One word of 8 codes in bit order `order` -> 4 bf16x2 registers $0..$3 (codes p and p + 4, each
+  E2M1 * 2^-126 times the splat $5; $4 is the word). Written from nvfp4.PAIR_SHIFTS: a pair whose
+  sign and magnitude need the same shift is one mask, others mask the magnitudes and merge the
+  signs with one lop3 ((a & c) | b = 0xEC)."""
+  lines = ["{", ".reg .b32 a, b;"]
+  for p, (sign, mag) in enumerate(PAIR_SHIFTS[order]):
+    if sign == mag:
+      src = "$4"
+      if sign:
+        lines.append(_shift_ptx("a", "$4", sign))
+        src = "a"
+      lines.append(f"and.b32 a, {src}, 0x81C081C0;")
+    else:
+      src = "$4"
+      if mag:
+        lines.append(_shift_ptx("b", "$4", mag))
+        src = "b"
+      lines.append(f"and.b32 b, {src}, 0x01C001C0;")
+      src = "$4"
+      if sign:
+        lines.append(_shift_ptx("a", "$4", sign))
+        src = "a"
+      lines.append(f"lop3.b32 a, {src}, b, 0x80008000, 0xEC;")
+    lines.append(f"mul.rn.bf16x2 ${p}, a, $5;")
+  return "\n".join([*lines, "}"])
+
 
 # Two E4M3 scales (rows g and g + 8, low and high byte) -> two bf16x2 splats of scale * 2^118.
 SCALE_PTX = """{
@@ -179,7 +170,6 @@ class TuningConfig:
   tile_n: int = 112  # output features per CTA, a multiple of 16 (16 per mma row block)
   max_concurrent_steps: int = 4  # TMA pipeline depth (K steps of 256 in flight)
   split_k: int = 1  # CTAs along K; > 1 writes f32 partials that XLA sums
-  decode: int = 0  # which DECODE_PTX
 
   def check(self, m: int, k: int, n: int) -> None:
     if not 1 <= m <= M_MAX:
@@ -259,7 +249,7 @@ def x_offset(n, chunk, half, u):
   return n * 512 + (chunk << 6) + (half << 5) + (u << 4)
 
 
-def _step(ops, nb: int, nt: int, m: int, w_buf, s_buf, x_buf, acc, decode: int):
+def _step(ops, nb: int, nt: int, m: int, w_buf, s_buf, x_buf, acc, order: BitOrder):
   """One K step of 256 for one warp's quarter of it; `acc[b, j]` are 4 f32 C-fragment values
   for row block b (rows 16 b + g, + 8) and token tile j."""
   warp, g, q = _lanes(ops.tid)
@@ -285,7 +275,7 @@ def _step(ops, nb: int, nt: int, m: int, w_buf, s_buf, x_buf, acc, decode: int):
   for b in range(nb):
     splats = ops.scale_splats(sbytes[b, 0] | (sbytes[b, 1] << 8))
     for u in range(2):
-      d0, d1 = (ops.decode(words[b, i][u], splats[i], decode) for i in range(2))
+      d0, d1 = (ops.decode(words[b, i][u], splats[i], order) for i in range(2))
       for h in range(2):
         a = (d0[2 * h], d1[2 * h], d0[2 * h + 1], d1[2 * h + 1])
         for j in range(nt):
@@ -330,15 +320,19 @@ def _f32_to_bf16_bits(x) -> np.ndarray:
   return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
 
 
-def decode_word_np(word, splat) -> list[np.ndarray]:
-  """DECODE_PTX on uint32 arrays; returns 4 bf16x2 words (low half = nibble p, high = p + 4)."""
+def _shift_np(q: np.ndarray, left: int) -> np.ndarray:
+  return q << np.uint32(left) if left >= 0 else q >> np.uint32(-left)
+
+
+def decode_word_np(word, splat, order: BitOrder = "checkpoint") -> list[np.ndarray]:
+  """decode_ptx(order) on uint32 arrays: 4 bf16x2 words (low half = code p, high = p + 4)."""
   q = np.asarray(word, np.uint32)
   s = np.asarray(splat, np.uint32)
   out = []
-  for p in range(4):
-    a = q << np.uint32(12 - 4 * p)
-    b = q << np.uint32(6 - 4 * p) if p < 2 else q >> np.uint32(4 * p - 6)
-    bits = (a & np.uint32(0x80008000)) | (b & np.uint32(0x01C001C0))
+  for sign, mag in PAIR_SHIFTS[order]:
+    bits = (_shift_np(q, sign) & np.uint32(0x80008000)) | (
+      _shift_np(q, mag) & np.uint32(0x01C001C0)
+    )
     halves = []
     for sh in (0, 16):
       prod = _bf16_bits_to_f32((bits >> np.uint32(sh)) & np.uint32(0xFFFF)) * _bf16_bits_to_f32(
@@ -420,9 +414,8 @@ class _NumpyOps:
   def scale_splats(self, two_bytes):
     return scale_splats_np(two_bytes)
 
-  def decode(self, word, splat, variant):
-    del variant  # both variants compute the same bits
-    return decode_word_np(word, splat)
+  def decode(self, word, splat, order):
+    return decode_word_np(word, splat, order)
 
   def mma(self, a, b, c):
     """m16n8k16 on fragments: a rows (g, g+8) x k (2q, 2q+8), b k (2q, 2q+8) x col g, c (g, 2q)."""
@@ -514,7 +507,7 @@ def emulate(x_MK, w: NVFP4Weight, config: TuningConfig | None = None) -> np.ndar
         w_buf = _SmemImage(packed[rows, step], slot * packed[rows, step].nbytes, swizzled=True)
         s_buf = _SmemImage(scales[rows, step], slot * scales[rows, step].nbytes, swizzled=False)
         x_buf = _SmemImage(x[:, step], slot * x[:, step].nbytes, swizzled=True)
-        acc = _step(ops, nb, nt, m, w_buf, s_buf, x_buf, acc, config.decode)
+        acc = _step(ops, nb, nt, m, w_buf, s_buf, x_buf, acc, w.bit_order)
       red = np.full((4, tn, 8 * nt), np.nan, np.float32)
       _epilogue(ops, nb, nt, m, acc, red, g_N[rows], out[split][:, rows], w.global_divides)
   return out.sum(0)
@@ -668,8 +661,8 @@ class _MlirOps:
   def scale_splats(self, two_bytes):
     return _mlir()[-1].inline_ptx(SCALE_PTX, two_bytes.v, result_types=[self.i32] * 2)
 
-  def decode(self, word, splat, variant):
-    return _mlir()[-1].inline_ptx(DECODE_PTX[variant], word, splat, result_types=[self.i32] * 4)
+  def decode(self, word, splat, order):
+    return _mlir()[-1].inline_ptx(decode_ptx(order), word, splat, result_types=[self.i32] * 4)
 
   def mma(self, a, b, c):
     return list(_mlir()[-1].inline_ptx(MMA_PTX, *a, *b, *c, result_types=[self.f32] * 4))
@@ -808,7 +801,7 @@ def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax
     w_buf = ops.smem(w_ref, tn * TILE_K // 2)
     s_buf = ops.smem(s_ref, 1024)  # never swizzled
     x_buf = ops.smem(x_ref, m * TILE_K * 2)
-    acc = _step(ops, nb, nt, m, w_buf, s_buf, x_buf, _acc_unpack(acc_fa, nb, nt), config.decode)
+    acc = _step(ops, nb, nt, m, w_buf, s_buf, x_buf, _acc_unpack(acc_fa, nb, nt), w.bit_order)
     return _acc_pack(acc, acc_fa, nb, nt)
 
   @plgpu.inline_mgpu(
@@ -943,12 +936,19 @@ def _call_times_us(fn, args, calls: int, iterations: int) -> list[float]:
   return [1e6 * (time.perf_counter() - t0) / iterations / calls]
 
 
-def bench_shape(k: int, n: int, ms, copies: int, iterations: int, configs) -> list[dict]:
-  """Times the kernel and XLA's bf16 dot on `copies` weight sets (more than L2 holds)."""
+def bench_shape(
+  k: int, n: int, ms, copies: int, iterations: int, configs, orders=("kernel",)
+) -> list[dict]:
+  """Times the kernel and XLA's bf16 dot on `copies` weight sets (more than L2 holds), for each
+  config and bit order of the codes."""
   rows = []
   key = jax.random.key(k * 131 + n)
   ws = random_weight(key, k, n, copies)
-  w_list = [jax.tree.map(lambda a, c=c: a[c], ws) for c in range(copies)]
+  by_order = {
+    order: [jax.tree.map(lambda a, c=c: a[c], ws).in_order(order) for c in range(copies)]
+    for order in orders
+  }
+  w_list = by_order[orders[0]]
   dense = jax.random.normal(jax.random.key(1), (copies, k, n), jnp.bfloat16)
   dense_list = [dense[c] for c in range(copies)]
   q_bytes = k * n // 2 + k * n // GROUP
@@ -957,8 +957,10 @@ def bench_shape(k: int, n: int, ms, copies: int, iterations: int, configs) -> li
     ref = reference(x, w_list[0])
     xla_fn = jax.jit(lambda x, ds: [jnp.dot(x, d) for d in ds])
     t_xla = statistics.median(_call_times_us(xla_fn, (x, dense_list), copies, iterations))
-    for config in configs or [default_config(m, k, n)]:
-      row = dict(m=m, k=k, n=n, config=config, xla_us=t_xla, xla_tbs=2 * k * n / t_xla / 1e6)
+    for config, order in itertools.product(configs or [default_config(m, k, n)], orders):
+      w_list = by_order[order]
+      row = dict(m=m, k=k, n=n, config=config, order=order, xla_us=t_xla)
+      row["xla_tbs"] = 2 * k * n / t_xla / 1e6
       try:
         one = jax.jit(functools.partial(nvfp4_matmul, config=config, implementation="mosaic"))
         t0 = time.perf_counter()
@@ -982,7 +984,7 @@ def bench_shape(k: int, n: int, ms, copies: int, iterations: int, configs) -> li
 def _format_row(r: dict) -> str:
   head = f"M={r['m']:2d} KxN={r['k']}x{r['n']} tile_n={r['config'].tile_n} "
   head += f"stages={r['config'].max_concurrent_steps} split_k={r['config'].split_k} "
-  head += f"decode={r['config'].decode}"
+  head += f"order={r.get('order', '-')}"
   xla = f"XLA bf16 {r['xla_us']:7.1f} us {r['xla_tbs']:.2f} TB/s"
   if "error" in r:
     return f"{head} | FAILED | {xla}"
@@ -1013,13 +1015,13 @@ def check_against(matmul, ref, x_MK, w, config, bound: float = 1e-2) -> tuple[bo
 def check(ms, k: int = 4096, n: int = 1024) -> bool:
   """The kernel against `reference` on the GPU, default config and a split-K one; prints errors."""
   ok = True
-  for config in (None, TuningConfig(48, 2, 2, decode=1)):
+  for config, order in ((None, "kernel"), (TuningConfig(48, 2, 2), "checkpoint")):
     for m in ms:
       w = random_weight(jax.random.key(m), k, n)
-      w = NVFP4Weight(w.packed_NP, w.scales_NG, w.global_scale_N, m % 2 == 0)
+      w = NVFP4Weight(w.packed_NP, w.scales_NG, w.global_scale_N, m % 2 == 0).in_order(order)
       x = jax.random.normal(jax.random.key(m + 1), (m, k), jnp.bfloat16)
       case = functools.partial(check_against, nvfp4_matmul, reference, x, w, config)
-      ok &= check_case(f"check M={m} K={k} N={n} {config}", case)
+      ok &= check_case(f"check M={m} K={k} N={n} {config} {order}", case)
   return ok
 
 
@@ -1040,7 +1042,7 @@ def bench_parser(doc: str) -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
   p = bench_parser(__doc__)
-  p.add_argument("--decode", default="0", help="DECODE_PTX variants to sweep")
+  p.add_argument("--orders", default="kernel", help="bit orders of the codes to sweep")
   args = p.parse_args(argv)
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
   if args.mode in ("check", "all"):
@@ -1051,25 +1053,24 @@ def main(argv=None) -> None:
   for shape in args.shapes.split(","):
     k, n = map(int, shape.split("x"))
     configs = [
-      TuningConfig(int(t), int(s), int(sk), int(d))
+      TuningConfig(int(t), int(s), int(sk))
       for t in args.tile_n.split(",")
       if t
       for s in args.stages.split(",")
       for sk in args.split_k.split(",")
-      for d in args.decode.split(",")
     ]
     ms = [int(m) for m in args.ms.split(",")]
-    rows += bench_shape(k, n, ms, args.copies, args.iterations, configs)
+    orders = tuple(args.orders.split(","))
+    rows += bench_shape(k, n, ms, args.copies, args.iterations, configs, orders)
   print(
-    "\n| M | K x N | tile_n/stages/split_k/decode | us | TB/s | % of 4.24 | XLA bf16 us "
-    "| XLA TB/s ",
+    "\n| M | K x N | tile_n/stages/split_k/order | us | TB/s | % of 4.24 | XLA bf16 us | XLA TB/s ",
     end="",
   )
   print("| XLA time / kernel time | compile s |")
   print("|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     c = r["config"]
-    cfg = f"{c.tile_n}/{c.max_concurrent_steps}/{c.split_k}/{c.decode}"
+    cfg = f"{c.tile_n}/{c.max_concurrent_steps}/{c.split_k}/{r['order']}"
     if "error" in r:
       print(f"| {r['m']} | {r['k']}x{r['n']} | {cfg} | FAILED | | | {r['xla_us']:.1f} | | | |")
       continue

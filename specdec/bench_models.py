@@ -19,7 +19,7 @@ from specdec.model import Model
 from specdec.models.config import ModelConfig, from_hf_dict
 from specdec.models.transformer import KVCache, Transformer
 from specdec.quant.exl3 import Codebook, EXL3Weight
-from specdec.quant.nvfp4 import GROUP, NVFP4Weight
+from specdec.quant.nvfp4 import GROUP, NVFP4Weight, device_order
 
 FORMATS = ("bf16", "nvfp4", "exl3_4")
 EXL3_TILE = 128  # EXL3 pads both dimensions to its 128-point Hadamard
@@ -77,6 +77,7 @@ def _random_weight(path: tuple[str, ...], shape: tuple[int, ...], fmt: str, dtyp
       fill((n_out, k_in // 2), jnp.uint8, seed),
       fill((n_out, k_in // GROUP), jnp.float8_e4m3fn, seed + 1),
       fill((n_out,), jnp.float32, seed + 2),
+      bit_order=device_order(),  # random bits are valid codes in either order
     )
   bits = int(fmt.split("_")[1])
   return EXL3Weight(

@@ -16,6 +16,7 @@ import pytest
 
 from kernels_pallas import fp8_gemv as kern
 from specdec.quant import fp8
+from tests.ptx_interp import run_ptx
 
 # bf16 output of an f32 accumulation: one bf16 rounding (2^-9 relative) dominates; the kernel's
 # products are exact and the reference's dequant rounds once in f32, far inside this.
@@ -46,45 +47,6 @@ def test_decode_every_code_in_every_byte():
     got = hi if pos >= 2 else lo
     np.testing.assert_array_equal(got, want)
     assert np.array_equal(np.signbit(got), np.signbit(want))  # -0 stays -0
-
-
-def run_ptx(ptx: str, n_out: int, *inputs) -> list[np.ndarray]:
-  """Interprets the straight-line PTX subset DECODE_PTX uses, on uint32 arrays."""
-  env = {f"${n_out + i}": np.asarray(v, np.uint32) for i, v in enumerate(inputs)}
-  for line in ptx.splitlines():
-    line = line.strip().rstrip(";")
-    if not line or line[0] in "{}.":
-      continue
-    op, operands = line.split(None, 1)
-    dst, *srcs = (s.strip() for s in operands.split(","))
-    a = [env[s] if s in env else np.uint32(int(s, 0)) for s in srcs]
-    if op == "mov.b32":
-      env[dst] = a[0]
-    elif op == "shl.b32":
-      env[dst] = a[0] << a[1]
-    elif op == "shr.u32":
-      env[dst] = a[0] >> a[1]
-    elif op == "and.b32":
-      env[dst] = a[0] & a[1]
-    elif op == "lop3.b32":
-      out = np.uint32(0)
-      for i in range(8):  # minterm i = (a, b, c) bits (4, 2, 1) of the lookup table's index
-        if int(a[3]) >> i & 1:
-          terms = [x if i >> s & 1 else ~x for x, s in zip(a[:3], (2, 1, 0), strict=True)]
-          out = out | (terms[0] & terms[1] & terms[2])
-      env[dst] = out
-    elif op == "mul.rn.bf16x2":
-      halves = [
-        kern.nv._f32_to_bf16_bits(
-          kern.nv._bf16_bits_to_f32((a[0] >> np.uint32(s)) & np.uint32(0xFFFF))
-          * kern.nv._bf16_bits_to_f32((a[1] >> np.uint32(s)) & np.uint32(0xFFFF))
-        )
-        for s in (0, 16)
-      ]
-      env[dst] = halves[0] | (halves[1] << np.uint32(16))
-    else:
-      raise NotImplementedError(op)
-  return [env[f"${i}"] for i in range(n_out)]
 
 
 def test_decode_ptx_computes_what_the_emulator_models():

@@ -17,6 +17,7 @@ import pytest
 
 from kernels_pallas import nvfp4_gemv as kern
 from specdec.quant import nvfp4
+from tests.ptx_interp import run_ptx
 
 # bf16 output of an f32 accumulation: one bf16 rounding (2^-9 relative) dominates; the reference
 # dequantizes in f32, the kernel in exact bf16 products, so the two agree far inside this.
@@ -32,49 +33,57 @@ def ref_f32(x, w):
   return np.asarray(jnp.dot(x.astype(jnp.float32), w.dequantize(jnp.float32), precision="highest"))
 
 
-def test_decode_every_code_in_every_nibble():
+def in_order(words, order):
+  """uint32 words of 8 codes in the checkpoint's order -> the same codes in `order`."""
+  packed = np.asarray(words, np.uint32).view(np.uint8).reshape(-1, 4)
+  return np.asarray(nvfp4.reorder_bits(packed, "checkpoint", order)).view(np.uint32).reshape(-1)
+
+
+ORDERS = ("checkpoint", "kernel")
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_decode_every_code_in_every_nibble(order):
   codes = np.arange(16, dtype=np.uint32)
   one = np.uint32(0x3F803F80)  # bf16x2 splat of 1.0
   for pos in range(8):
-    words = codes << np.uint32(4 * pos)
-    pair = kern.decode_word_np(words, np.full(16, one))[pos % 4]
+    words = in_order(codes << np.uint32(4 * pos), order)
+    pair = kern.decode_word_np(words, np.full(16, one), order)[pos % 4]
     half = pair >> np.uint32(16) if pos >= 4 else pair & np.uint32(0xFFFF)
     got = (half << np.uint32(16)).view(np.float32) * np.float32(2.0**126)
     np.testing.assert_array_equal(got, nvfp4.E2M1_VALUES)
 
 
-def test_decode_times_scale_is_exact():
+@pytest.mark.parametrize("order", ORDERS)
+def test_decode_times_scale_is_exact(order):
   rng = np.random.default_rng(0)
   words = rng.integers(0, 2**32, 256, dtype=np.uint64).astype(np.uint32)
   scale_bytes = rng.integers(0, 0x7F, 256).astype(np.uint8)  # every finite positive E4M3
   splats = kern.scale_splats_np(scale_bytes.astype(np.uint32))[0]
   scales = scale_bytes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-  for p, pair in enumerate(kern.decode_word_np(words, splats)):
+  for p, pair in enumerate(kern.decode_word_np(in_order(words, order), splats, order)):
     for half, nib in ((pair & np.uint32(0xFFFF), p), (pair >> np.uint32(16), p + 4)):
       got = (half << np.uint32(16)).view(np.float32) * np.float32(kern.OUT_SCALE)
       code = (words >> np.uint32(4 * nib)) & np.uint32(0xF)
       np.testing.assert_array_equal(got, nvfp4.E2M1_VALUES[code] * scales)
 
 
-def test_decode_variant_1_computes_the_same_bits():
-  # DECODE_PTX[1] shifts q right by a byte once, then treats pairs 2, 3 like pairs 0, 1; with a
-  # splat of 1.0 the multiply is the identity, so decode_word_np must return exactly these bits.
-  u32 = np.uint32
-  words = np.random.default_rng(1).integers(0, 2**32, 1024, dtype=np.uint64).astype(u32)
+@pytest.mark.parametrize("order", ORDERS)
+def test_decode_ptx_computes_what_the_emulator_models(order):
+  rng = np.random.default_rng(1)
+  words = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+  splats = kern.scale_splats_np(rng.integers(0, 0x7F, 4096).astype(np.uint32))[0]
+  got = run_ptx(kern.decode_ptx(order), 4, words, splats)
+  for g, want in zip(got, kern.decode_word_np(words, splats, order), strict=True):
+    np.testing.assert_array_equal(g, want)
 
-  def pair_bits(q, a_shift, b_shift):
-    return ((q << u32(a_shift)) & u32(0x80008000)) | ((q << u32(b_shift)) & u32(0x01C001C0))
 
-  r = words >> u32(8)
-  variant_1 = [
-    pair_bits(words, 12, 6),
-    pair_bits(words, 8, 2),
-    pair_bits(r, 12, 6),
-    pair_bits(r, 8, 2),
-  ]
-  one = np.full(words.shape, u32(0x3F803F80))
-  for got, want in zip(kern.decode_word_np(words, one), variant_1, strict=True):
-    np.testing.assert_array_equal(got, want)
+def test_kernel_order_saves_four_integer_ops_per_word():
+  def integer_ops(order):
+    lines = [ln.strip() for ln in kern.decode_ptx(order).splitlines()]
+    return sum(ln.split()[0] in ("shl.b32", "shr.u32", "and.b32", "lop3.b32") for ln in lines if ln)
+
+  assert (integer_ops("checkpoint"), integer_ops("kernel")) == (15, 11)
 
 
 def test_scale_splats_cover_all_e4m3():
@@ -94,17 +103,17 @@ def test_prmt_pairs_k_and_k_plus_4():
 
 
 @pytest.mark.parametrize(
-  "m,k,n,config,divides",
+  "m,k,n,config,divides,order",
   [
-    (1, 512, 256, kern.TuningConfig(112), False),  # last CTA pulled back over the previous one
-    (3, 512, 144, kern.TuningConfig(48, 2, decode=1), True),
-    (8, 768, 256, kern.TuningConfig(128, 2, split_k=3), False),
-    (13, 512, 120, kern.TuningConfig(16, 3, split_k=2), True),
-    (16, 1024, 200, None, False),
+    (1, 512, 256, kern.TuningConfig(112), False, "kernel"),  # last CTA pulled back
+    (3, 512, 144, kern.TuningConfig(48, 2), True, "checkpoint"),
+    (8, 768, 256, kern.TuningConfig(128, 2, split_k=3), False, "kernel"),
+    (13, 512, 120, kern.TuningConfig(16, 3, split_k=2), True, "checkpoint"),
+    (16, 1024, 200, None, False, "kernel"),
   ],
 )
-def test_emulated_kernel_matches_reference(m, k, n, config, divides):
-  w = weight(k, n, seed=m, divides=divides)
+def test_emulated_kernel_matches_reference(m, k, n, config, divides, order):
+  w = weight(k, n, seed=m, divides=divides).in_order(order)
   x = jax.random.normal(jax.random.key(m + 100), (m, k), jnp.bfloat16)
   y = kern.emulate(x, w, config)
   assert kern.rel_err(y, ref_f32(x, w)) < 1e-5  # f32 accumulation on both sides
@@ -138,9 +147,12 @@ def test_default_config_balances_the_chip():
   assert kern.default_config(1, 1024, 4096).split_k == 1
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 8192, 28672), (16, 5120, 17408), (5, 4096, 4096)])
-def test_kernel_lowers_for_cuda_on_cpu(m, k, n):
-  w = jax.eval_shape(lambda: kern.random_weight(jax.random.key(0), k, n))
+@pytest.mark.parametrize(
+  "m,k,n,order",
+  [(1, 8192, 28672, "kernel"), (16, 5120, 17408, "checkpoint"), (5, 4096, 4096, "kernel")],
+)
+def test_kernel_lowers_for_cuda_on_cpu(m, k, n, order):
+  w = jax.eval_shape(lambda: kern.random_weight(jax.random.key(0), k, n).in_order(order))
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
   config = kern.default_config(m, k, n)
   fn = jax.jit(lambda x, w: kern._mosaic_matmul(x, w, config))
@@ -171,8 +183,9 @@ def test_bad_shapes_are_rejected():
 @pytest.mark.parametrize(
   "k,n,config", [(4096, 1024, None), (1024, 512, kern.TuningConfig(64, 2, 2))]
 )
-def test_kernel_matches_reference_on_gpu(m, k, n, config):
-  w = weight(k, n, seed=m, divides=m % 2 == 0)
+@pytest.mark.parametrize("order", ORDERS)
+def test_kernel_matches_reference_on_gpu(m, k, n, config, order):
+  w = weight(k, n, seed=m, divides=m % 2 == 0).in_order(order)
   x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
   y = kern.nvfp4_matmul(x, w, config=config, implementation="mosaic")
   assert kern.rel_err(y, ref_f32(x, w)) < TOL

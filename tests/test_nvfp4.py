@@ -179,6 +179,45 @@ def test_low_nibble_is_the_even_element():
   np.testing.assert_array_equal(np.asarray(vals.astype(jnp.float32)), nvfp4.E2M1_VALUES[codes])
 
 
+def test_kernel_bit_order_keeps_every_code():
+  codes = np.random.default_rng(2).integers(0, 16, (6, 128), dtype=np.uint8)
+  packed = nvfp4.pack_codes(codes)
+  kernel = nvfp4.reorder_bits(packed, "checkpoint", "kernel")
+  assert kernel.shape == packed.shape and not np.array_equal(kernel, packed)
+  np.testing.assert_array_equal(nvfp4.unpack_codes(kernel, "kernel"), codes)
+  np.testing.assert_array_equal(nvfp4.reorder_bits(kernel, "kernel", "checkpoint"), packed)
+  # One code per position: its sign lands at bit 15 (31) and magnitude at [8:6] ([24:22]) after
+  # the pair's shifts, which is what the kernel's decode relies on.
+  for j in range(8):
+    one = np.zeros((1, 4), np.uint8)
+    one.view(np.uint32)[0, 0] = np.uint32(0xF) << np.uint32(4 * j)
+    word = int(np.asarray(nvfp4.reorder_bits(one, "checkpoint", "kernel")).view(np.uint32)[0, 0])
+    sign, mag = nvfp4.PAIR_SHIFTS["kernel"][j % 4]
+    shift = lambda v, s: (v << s) & 0xFFFFFFFF if s >= 0 else v >> -s  # noqa: E731
+    base = 16 * (j // 4)
+    assert shift(word, sign) & (1 << (base + 15))
+    assert shift(word, mag) & (0x1C0 << base) == 0x1C0 << base
+
+
+def test_kernel_order_weight_dequantizes_and_saves_as_the_checkpoint_order():
+  w = nvfp4.quantize(dense_KN(F32_MODULES[0]))
+  wk = w.in_order("kernel")
+  assert wk.bit_order == "kernel" and wk.in_order("kernel") is wk
+  np.testing.assert_array_equal(bits(wk.dequantize(jnp.float32)), bits(w.dequantize(jnp.float32)))
+  np.testing.assert_array_equal(
+    bits(wk.columns(8, 24).dequantize(jnp.float32)), bits(w.columns(8, 24).dequantize(jnp.float32))
+  )
+  fmt = LinearFormat("nvfp4", MODELOPT)
+  qc, hf = write_quant_config(MODELOPT, {"m": fmt})
+  scheme = parse_quant_config({"quantization_config": qc}, hf)
+  np.testing.assert_array_equal(
+    write_linear(scheme, "m", wk)["m.weight"], write_linear(scheme, "m", w)["m.weight"]
+  )
+  with pytest.raises(QuantFormatError, match="bit orders"):
+    nvfp4.concat_columns([w, wk])
+  assert nvfp4.for_device({"a": w})["a"] is w  # the CPU keeps the checkpoint's order
+
+
 # ------------------------------------------------------------------------------- layouts round trip
 
 

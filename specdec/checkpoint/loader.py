@@ -27,7 +27,7 @@ from specdec.checkpoint.safetensors_io import (
 from specdec.models.config import ConfigError, ModelConfig, load_config, to_hf_dict
 from specdec.models.fuse import FUSED_NAMES
 from specdec.models.transformer import FP8, KV_SCALES, KVCache, Transformer
-from specdec.quant import layouts
+from specdec.quant import layouts, nvfp4
 from specdec.quant.errors import QuantFormatError
 
 FLOAT_SOURCE_DTYPES = ("float32", "float16", "bfloat16")
@@ -281,7 +281,7 @@ def load(path: str, dtype=jnp.bfloat16):
     _warn_missing_kv_scales(path, kv_missing)  # only once the load has succeeded
   return Model(
     config=config,
-    params={"params": params},
+    params={"params": nvfp4.for_device(params)},
     tokenizer=tokenizer,
     dtype=dtype,
     kv_dtype=FP8 if _declares_fp8_kv(scheme) else None,

@@ -28,7 +28,7 @@ def quantize_model(model, fmt: str, exclude: tuple[str, ...] = ("lm_head",), see
     else:
       bits = int(fmt.split("_")[1])
       out[key] = exl3.quantize_linear(jnp.asarray(w, jnp.float32), bits, key=seed + len(out))
-  return dataclasses.replace(model, params={"params": unflatten_dict(out)})
+  return dataclasses.replace(model, params={"params": nvfp4.for_device(unflatten_dict(out))})
 
 
 def dequantized_twin(model):

@@ -571,7 +571,8 @@ def write_linear(
     ct = fmt.layout == CT
     if w.global_divides != ct:
       g = np.float32(1) / g
-    packed, scales = np.asarray(w.packed_NP, np.uint8), np.asarray(w.scales_NG).astype(E4M3)
+    packed = np.asarray(w.in_order("checkpoint").packed_NP, np.uint8)
+    scales = np.asarray(w.scales_NG).astype(E4M3)
     if ct:
       return {
         f"{p}.weight_packed": packed,

@@ -7,6 +7,11 @@ nibble) and `scales_NG` e4m3 [N, K/16]: ModelOpt and compressed-tensors store ex
 so loading is zero-copy, and it is the K-contiguous "weight as the A operand" layout a swap-AB
 GEMV/GEMM reads.
 
+On a GPU the codes are kept in the kernel's bit order instead (`bit_order="kernel"`, see
+`PAIR_SHIFTS`): the same bytes with the bits of each 32-bit word of 8 codes permuted once at load,
+so that kernels_pallas/nvfp4_gemv decodes a word in 11 integer operations instead of 15. Every
+operation here reads either order; checkpoints are always written in the checkpoint's.
+
 The global scale keeps the orientation the checkpoint stored (`global_divides`): ModelOpt's
 `weight_scale_2` multiplies, compressed-tensors' `weight_global_scale` divides. Flipping it costs
 an FP32 rounding, and both tools dequantize as `code * fl(block_scale (*|/) global)`; keeping the
@@ -38,6 +43,19 @@ E2M1_VALUES = np.array(
 )
 
 Convention = Literal["modelopt", "compressed-tensors"]
+BitOrder = Literal["checkpoint", "kernel"]
+
+# Per decode pair p (codes p and p + 4 of a 32-bit word, the low and high bf16 of one register):
+# the left shifts (negative: right) that move its sign bits to bits 15 / 31 and its magnitude bits
+# to [8:6] / [24:22], which makes E2M1(code) * 2^-126 in bf16 (nvfp4_gemv's decode). In the
+# checkpoint's order (code j in bits 4j..4j+3) the two shifts differ for every pair: 15 integer ops
+# per word. The kernel's order puts each bit where one shared shift or none serves: pairs 1 and 3
+# are one mask (after one shift), pairs 0 and 2 two shifts, a mask and a merge: 11 ops. (An
+# exhaustive search over these shift pairs finds no placement cheaper than 11.)
+PAIR_SHIFTS = {
+  "checkpoint": ((12, 6), (8, 2), (4, -2), (0, -6)),
+  "kernel": ((4, -6), (0, 0), (5, 3), (6, 6)),
+}
 
 
 def exact_div(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -60,6 +78,7 @@ class NVFP4Weight:
   scales_NG: jax.Array  # float8_e4m3fn [N, K/16]
   global_scale_N: jax.Array  # float32 [N]
   global_divides: bool = dataclasses.field(default=False, metadata=dict(static=True))
+  bit_order: BitOrder = dataclasses.field(default="checkpoint", metadata=dict(static=True))
 
   @property
   def shape(self) -> tuple[int, int]:
@@ -85,17 +104,36 @@ class NVFP4Weight:
 
   def columns(self, start: int, stop: int) -> "NVFP4Weight":
     """Output columns [start, stop): one shard of a fused projection."""
-    return NVFP4Weight(
-      self.packed_NP[..., start:stop, :],
-      self.scales_NG[..., start:stop, :],
-      self.global_scale_N[..., start:stop],
-      self.global_divides,
+    return dataclasses.replace(
+      self,
+      packed_NP=self.packed_NP[..., start:stop, :],
+      scales_NG=self.scales_NG[..., start:stop, :],
+      global_scale_N=self.global_scale_N[..., start:stop],
     )
+
+  def in_order(self, order: BitOrder) -> "NVFP4Weight":
+    """The same weight with its codes in `order` ("checkpoint" or "kernel")."""
+    if order == self.bit_order:
+      return self
+    packed_NP = reorder_bits(self.packed_NP, self.bit_order, order)
+    return dataclasses.replace(self, packed_NP=packed_NP, bit_order=order)
+
+
+def device_order() -> BitOrder:
+  """The bit order NVFP4 codes are kept in on the default backend: the kernel's on a GPU."""
+  return "kernel" if jax.default_backend() == "gpu" else "checkpoint"
+
+
+def for_device(tree):
+  """`tree` with every NVFP4Weight in `device_order()` (a model's params after load or quantize)."""
+  order = device_order()
+  is_w = lambda x: isinstance(x, NVFP4Weight)  # noqa: E731
+  return jax.tree.map(lambda x: x.in_order(order) if is_w(x) else x, tree, is_leaf=is_w)
 
 
 @functools.partial(jax.jit, static_argnames="dtype")
 def _dequantize(w: NVFP4Weight, dtype) -> jax.Array:
-  codes_NK = unpack_codes(w.packed_NP)
+  codes_NK = unpack_codes(w.packed_NP, w.bit_order)
   vals_NGx = jnp.asarray(E2M1_VALUES)[codes_NK].reshape(*codes_NK.shape[:-1], -1, GROUP)
   w_NK = (vals_NGx * w.block_scales()[..., None]).reshape(codes_NK.shape)
   return jnp.swapaxes(w_NK, -1, -2).astype(dtype)
@@ -103,10 +141,10 @@ def _dequantize(w: NVFP4Weight, dtype) -> jax.Array:
 
 def concat_columns(shards: list[NVFP4Weight]) -> NVFP4Weight:
   """Fuses projections along `out` (q/k/v, gate/up), each shard keeping its own global scale."""
-  if len({w.global_divides for w in shards}) != 1 or len({w.shape[0] for w in shards}) != 1:
+  if len({(w.global_divides, w.bit_order, w.shape[0]) for w in shards}) != 1:
     raise QuantFormatError(
-      f"cannot fuse NVFP4 shards of shapes {[w.shape for w in shards]} "
-      f"and global orientations {[w.global_divides for w in shards]}"
+      f"cannot fuse NVFP4 shards of shapes {[w.shape for w in shards]}, global orientations "
+      f"{[w.global_divides for w in shards]} and bit orders {[w.bit_order for w in shards]}"
     )
   cat = lambda xs, axis: jnp.concatenate([jnp.asarray(x) for x in xs], axis=axis)
   return NVFP4Weight(
@@ -114,12 +152,54 @@ def concat_columns(shards: list[NVFP4Weight]) -> NVFP4Weight:
     cat([w.scales_NG for w in shards], -2),
     cat([w.global_scale_N for w in shards], -1),
     shards[0].global_divides,
+    shards[0].bit_order,
   )
 
 
-def unpack_codes(packed_NP: jax.Array) -> jax.Array:
-  """uint8 [..., K/2] -> uint8 codes [..., K]; the low nibble is the even element."""
-  packed_NP = jnp.asarray(packed_NP)
+@functools.cache
+def _bit_sources(order: BitOrder) -> tuple[int, ...]:
+  """src[d]: the checkpoint-order bit (4 j + i: bit i of code j) that `order` keeps at bit d."""
+  src = [-1] * 32
+  for p, (sign, mag) in enumerate(PAIR_SHIFTS[order]):
+    for lane in range(2):
+      code, base = p + 4 * lane, 16 * lane
+      src[base + 15 - sign] = 4 * code + 3
+      for i in range(3):
+        src[base + 6 + i - mag] = 4 * code + i
+  assert sorted(src) == list(range(32)), order
+  return tuple(src)
+
+
+def _move_bits(w: jax.Array, dst_of_src: dict[int, int]) -> jax.Array:
+  """Bit s of each uint32 to bit dst_of_src[s], one mask and shift per distinct distance."""
+  by_shift: dict[int, int] = {}
+  for s, d in dst_of_src.items():
+    by_shift[d - s] = by_shift.get(d - s, 0) | (1 << s)
+  out = jnp.zeros_like(w)
+  for shift, mask in sorted(by_shift.items()):
+    moved = w & jnp.uint32(mask)
+    out = out | (moved << shift if shift >= 0 else moved >> -shift)
+  return out
+
+
+def reorder_bits(packed_NP: jax.Array, src: BitOrder, dst: BitOrder) -> jax.Array:
+  """uint8 [..., K/2] codes in bit order `src` -> the same codes in `dst` (K a multiple of 8)."""
+  packed_NP = jnp.asarray(packed_NP, jnp.uint8)
+  if src == dst:
+    return packed_NP
+  if packed_NP.shape[-1] % 4:
+    raise QuantFormatError(f"NVFP4 bit reorder needs K divisible by 8, got K/2 = {packed_NP.shape}")
+  w = jax.lax.bitcast_convert_type(packed_NP.reshape(*packed_NP.shape[:-1], -1, 4), jnp.uint32)
+  ckpt_at = {d: s for d, s in enumerate(_bit_sources(src))}  # src bit d holds checkpoint bit s
+  dst_of_ckpt = {s: d for d, s in enumerate(_bit_sources(dst))}
+  w = _move_bits(w, {d: dst_of_ckpt[s] for d, s in ckpt_at.items()})
+  return jax.lax.bitcast_convert_type(w, jnp.uint8).reshape(packed_NP.shape)
+
+
+def unpack_codes(packed_NP: jax.Array, order: BitOrder = "checkpoint") -> jax.Array:
+  """uint8 [..., K/2] -> uint8 codes [..., K]; in the checkpoint's order the low nibble is the
+  even element."""
+  packed_NP = reorder_bits(packed_NP, order, "checkpoint")
   lo, hi = packed_NP & 0xF, packed_NP >> 4
   return jnp.stack([lo, hi], axis=-1).reshape(*packed_NP.shape[:-1], -1)
 
