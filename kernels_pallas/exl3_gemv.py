@@ -25,13 +25,16 @@ and nothing is shuffled. Its 8 states are 16-bit windows of the tile's bitstream
 they are cut out with compile-time shifts; for other K the lane's words are first funnel-shifted
 so its stream starts at bit 0. A window whose offset inside some 32-bit view is 0, 8 or 16 costs
 one op (shr, prmt, and); `_extract` adds funnel-shifted views where one covers two or more
-windows (K = 4: 11 ops for 8 states instead of 13).
+windows, and cuts a byte-aligned window that straddles two words with one prmt of the word and a
+state already cut from the next word, whose bytes 2 and 3 are the zeros it needs (`_cut_straddle`:
+K = 4's window 1, K = 8's windows 0 and 4; no other K has one). K = 4: 10 ops for 8 states
+instead of 13; K = 8: 8.
   mul1 (the default codebook): hash = state * 0x83DCD12D; `dp4a(hash, 0x01010101, 0x6400)` is the
 fp16 bit pattern of h = 1024 + byte_sum, exact; prmt packs two h into the A register. The value
 fl16(h * a + b) is never formed: the mma sums h x' and the epilogue applies a (in the kernel) and
 b * sum(x') (in XLA). So the kernel uses the codebook's exact affine value, off the fp16-rounded
-one by at most half an fp16 ulp per weight. Per weight: ~1.4 extraction ops + IMUL + DP4A + 0.5
-PRMT.
+one by at most half an fp16 ulp per weight. Per weight (K = 4): 1.25 extraction ops + IMUL + DP4A +
+0.5 PRMT.
   3INST / MCG: hash -> (hash & 0x8FFF8FFF) ^ 0x3B603B60 is two fp16 halves whose sum is the value.
 Both halves go into the mma as two k entries against the same x' (x' is duplicated in the
 fragment layout), so the sum is never rounded to fp16 either; twice the mma, no add.
@@ -40,7 +43,8 @@ Measured on the H200 (2026-11-30, jax 0.11.2, CUPTI kernel time, median of 5 run
 copies so L2 holds none; `PYTHONPATH=. python3 -m kernels_pallas.exl3_gemv --mode bench`; mul1,
 random trellis; config tiles_n/tiles_k/stages/split_k = 2/16/4/1 for K <= 4 and 2/8/4/1 above, the
 defaults of that run; TB/s = K N bits / 8 bytes / time; XLA = its bf16 dot on a dense weight in the
-same run: 105.6, 106.7, 108.1, 110.9 us at M = 1, 4, 8, 16; compile 0.4-0.6 s per kernel):
+same run: 105.6, 106.7, 108.1, 110.9 us at M = 1, 4, 8, 16; compile 0.4-0.6 s per kernel),
+before the straddle cut ("Straddle" below: 1-4% faster at K = 4):
 
   in x out 8192x28672   M = 1         M = 4         M = 8         M = 16
   K = 2                 56.7 us 1.04  59.5    0.99  63.8    0.92  81.8    0.72 TB/s
@@ -60,20 +64,41 @@ us; op 35.3 us), K = 2 M = 1 21.4 us, M = 16 28.9 us (XLA 46.5). `default_config
 2/32/4/1 on 8192x28672 (measured above) and 3/32/4/1 on 5120x17408 (not measured).
 
 Against issue #8: faster than XLA's bf16 dot for every K <= 4 and M (1.22x at K = 3, M = 16 to
-2.11x); compile well under 20 s; the 2.6 TB/s bar at K = 4, M = 1 (45 us) is NOT met: 50.0 us.
+2.11x); compile well under 20 s; the 2.6 TB/s bar at K = 4, M = 1 (45 us) is NOT met: 50.0 us;
+49.2 us (2.39 TB/s) at 2/32/4/1 with the straddle cut.
 
 What bounds it. Not HBM below K = 8: K = 2, 3 and 4 take 54-65 us for the same 235M weights
 whatever their bytes, i.e. about 16.7 weights per cycle per SM at 1.98 GHz. The decode program
-for K = 4 (nvdisasm of ptxas 13.0's sm_90 code for it): 31 instructions per 8 weights, 8 IMAD +
-8 IDP4A on the FMA pipe and 6 PRMT + 5 SHF + 4 LOP3 on the ALU pipe (64 lanes per cycle per SM
-each), plus 2 LDS and one HMMA per lane. At 16.7 weights per cycle both pipes run near 50% and
+for K = 4 (nvdisasm of ptxas 13.0's sm_90 code for it): 30 instructions per 8 weights (31 before
+the straddle cut; K = 8: 28, from 30), 8 IMAD + 8 IDP4A on the FMA pipe and 7 PRMT + 4 SHF + 3
+LOP3 on the ALU pipe (64 lanes per cycle per SM each; before: 6 PRMT + 5 SHF + 4 LOP3), plus 2
+LDS and one HMMA per lane. At 16.7 weights per cycle (31 instructions) both pipes run near 50% and
 issue near 55%, so neither pipe is saturated: latency or per-step overhead is, as the sweep says
 (doubling the k-tiles per step took 1 n-tile CTAs from 63.9 to 54.6 us and 2 n-tile CTAs from
 54.2 to 50.4 us). K = 8 runs at 86% of the 4.24 TB/s copy ceiling. M > 8 doubles the mma and x'
 fragment work (two token tiles): +55% at K = 4. Next levers, unmeasured: the kernel's register
 count and occupancy (read them first), releasing each slot per warp instead of a warpgroup
-barrier per step, more warpgroups per CTA, and a load-time repack of the trellis that lets each
-state come out in one op (31 -> 28 instructions per 8 weights).
+barrier per step, and more warpgroups per CTA.
+
+Straddle (2026-11-30, same bench; 8192x28672, K = 4 mul1, 2/32/4/1). Nsight Compute before it:
+52 us, 35.5M warp instructions (38.6 per tile and warp: 31 decode + 2 LDS + 1 HMMA + ~4.6 of
+per-step overhead), issue slots 72.6% busy, 48 registers, occupancy 29%: issue bound. The cut
+takes the main loop (16 tiles per warp and step, ptxas 13.0 sm_90a) from 617 to 601 instructions
+at 48 registers (tiles_k = 64 would halve its ~70 per-step ones: TMA issue, barrier, mbarrier
+wait), and the kernel from 51.0 to 49.2 us at M = 1 (2.30 -> 2.39 TB/s); M = 4, 8, 16: 52.1 ->
+51.7, 58.8 -> 58.2, 85.5 -> 84.8 us. The 2.6 TB/s bar is still not met. Tried with it and
+removed: mul1 with one h per A register and twice the HMMA (no packing prmt, decode 30 -> 26, loop
+553) was slower (M = 1, 4, 8: 51.4, 53.0, 59.1 us; without the cut 51.6, 54.5, 59.2; K = 8 M = 1:
+60.9 against 60.5 for neither; its doubled x' put M = 16 at tiles_k 32 over the SMEM limit), and
+adding n-tile pairs' words interleaved for one LDS.64 per two tiles (loop 537) gave 48.7, 51.8,
+57.0 us, within noise of the cut alone and needing a load-time repack the model does not have.
+  Not reachable: one op per state at K = 4 (the old lead, a load-time repack, 31 -> 28). A clean
+16-bit state in one op (shr 16, and 0xffff, prmt with a zero source) needs its two bytes
+byte-aligned in registers; a lane's 8 windows need all 10 adjacent nibble pairs of its 11 nibbles
+as bytes, the stored 44 bits hold at most 5 of them in any permutation (no nibble is stored
+twice), and one shift makes at most 4 more: 8 cuts + 2 = 10 ops, which the straddle cut reaches
+in the stream's own layout. IMAD and DP4A need the clean state (x * M mod 2^32 of a dirty x
+differs in its high bytes).
 
 In the model (`python -m experiments.check_quant_kernel --format=exl3_4`): M = 8 logits through
 the kernel differ from the dequantized-bf16 twin by at most 0.094-0.125 (of max |logit| 11.5), the
@@ -377,13 +402,43 @@ def _cut(b: _Builder, views: dict[int, str], p: int, view_at) -> str:
   return b.emit("and.b32", view_at(p - 16), 0xFFFF)  # straddles two words: a throwaway view
 
 
+def _view_bytes(views: dict[int, str]) -> dict[str, dict[int, int]]:
+  """Byte lane -> stream byte of every byte-aligned view (stream bit a is the view's bit 31)."""
+  return {v: {k: a // 8 + 3 - k for k in range(4)} for a, v in views.items() if a % 8 == 0}
+
+
+def _cut_straddle(b: _Builder, sources: dict[str, dict[int, int]], clean: list[str], p: int):
+  """The byte-aligned window at p as one prmt: its two bytes from a register and a clean state
+  (a window cut earlier, bytes 2 and 3 zero) that supplies the zero bytes; None if none has them.
+  In the stream's own layout this is K = 4's window 1 and K = 8's windows 0 and 4: each takes its
+  high byte from one word and its low byte from the state cut at the start of the next."""
+  hi, lo = p // 8, p // 8 + 1
+  for z in clean:
+    for r, r_bytes in sources.items():
+      pool = {**{4 + k: sb for k, sb in sources[z].items()}, **r_bytes}  # prmt's 8-byte index
+      at = {sb: i for i, sb in sorted(pool.items(), reverse=True)}
+      if hi in at and lo in at:
+        return b.emit("prmt.b32", r, z, 0x6600 | at[hi] << 4 | at[lo])  # zeros: z's byte 2
+  return None
+
+
 def _extract(b: _Builder, bits: int) -> list[str]:
-  """The lane's 8 state registers."""
+  """The lane's 8 state registers. Byte-aligned windows no view cuts in one op (they straddle
+  two words) are cut last, each by `_cut_straddle` where a clean state supplies its zeros."""
   base, first = _lane_stream(b, bits)
   view_at = functools.partial(_view_at, b, base)
   positions = [first + e * bits for e in range(8)]
   views = _add_views(positions, {32 * j: w for j, w in enumerate(base)}, view_at)
-  return [_cut(b, views, p, view_at) for p in positions]
+  deferred = [p for p in positions if p % 8 == 0 and not any(_one_op(p, a) for a in views)]
+  cuts = {p: _cut(b, views, p, view_at) for p in positions if p not in deferred}
+  sources = _view_bytes(views)
+  for c, r in cuts.items():
+    if c % 8 == 0:  # a clean state: stream bytes c / 8 (lane 1) and c / 8 + 1 (lane 0), zeros
+      sources[r] = {0: c // 8 + 1, 1: c // 8, 2: -1, 3: -1}
+  clean = [r for c, r in cuts.items() if c % 8 == 0]
+  for p in deferred:
+    cuts[p] = _cut_straddle(b, sources, clean, p) or _cut(b, views, p, view_at)
+  return [cuts[p] for p in positions]
 
 
 def _codebook_stage(b: _Builder, states: list[str], codebook: Codebook) -> list[str]:

@@ -86,9 +86,13 @@ def test_fragments_round_to_the_fp16_codebook(bits, codebook):
 def test_decode_costs_what_the_docstring_says():
   # mul1: per 8 weights 8 IMUL + 8 DP4A + 4 PRMT packs, and the window extraction.
   extraction = {b: kern.decode_program(b, Codebook.MUL1).n_ops - 20 for b in range(1, 9)}
-  assert extraction[4] == 11 and extraction[8] == 10
-  assert max(extraction.values()) <= 18
-  assert kern.decode_program(4, Codebook.INST3).n_ops == 11 + 16  # mad + lop3 per weight
+  # The straddle cut makes K = 4's window 1 (11 -> 10) and K = 8's windows 0 and 4 (10 -> 8) one
+  # prmt each; no other K has a byte-aligned window across two words.
+  assert extraction == {1: 16, 2: 12, 3: 17, 4: 10, 5: 17, 6: 17, 7: 18, 8: 8}
+  assert kern.decode_program(4, Codebook.INST3).n_ops == 10 + 16  # mad + lop3 per weight
+  ops = [op for op, _, _ in kern.decode_program(4, Codebook.MUL1).instrs]
+  counts = {op: ops.count(op) for op in ("prmt.b32", "shr.b32", "shf.l.clamp.b32", "and.b32")}
+  assert counts == {"prmt.b32": 7, "shr.b32": 3, "shf.l.clamp.b32": 1, "and.b32": 3}
 
 
 def test_lop3_table_is_and_then_xor():
@@ -149,6 +153,8 @@ def unrounded_inner(w: EXL3Weight) -> np.ndarray:
     (9, 256, 128, 8, "mcg", None),
     (16, 512, 128, 2, "mul1", kern.TuningConfig(3, 4, 3, split_k=4)),
     (8, 256, 256, 5, "mul1", None),
+    (9, 256, 384, 8, "mul1", kern.TuningConfig(2, 8, 2, split_k=2)),  # K = 8 straddle cuts
+    (16, 256, 128, 8, "3inst", kern.TuningConfig(2, 4)),
   ],
 )
 def test_emulated_kernel_matches_reference(m, k, n, bits, codebook, config):
@@ -172,12 +178,17 @@ def test_x_fragments_put_each_lanes_values_together():
 
 
 @pytest.mark.parametrize(
-  "m,k,n,bits,codebook", [(1, 8192, 28672, 4, "mul1"), (16, 5120, 17408, 3, "3inst")]
+  "m,k,n,bits,codebook,config",
+  [
+    (1, 8192, 28672, 4, "mul1", None),
+    (16, 5120, 17408, 3, "3inst", None),
+    (16, 8192, 28672, 8, "mul1", kern.TuningConfig(2, 8)),
+  ],
 )
-def test_kernel_lowers_for_cuda_on_cpu(m, k, n, bits, codebook):
+def test_kernel_lowers_for_cuda_on_cpu(m, k, n, bits, codebook, config):
   w = jax.eval_shape(lambda: kern.random_weight(jax.random.key(0), k, n, bits, codebook))
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
-  fn = jax.jit(lambda x, w: kern.exl3_matmul(x, w, implementation="mosaic"))
+  fn = jax.jit(lambda x, w: kern.exl3_matmul(x, w, config=config, implementation="mosaic"))
   text = jax.export.export(fn, platforms=["cuda"])(x, w).mlir_module()
   assert "mosaic_gpu" in text
 
