@@ -69,30 +69,33 @@ def plan_slots(
   other_bytes: int = 0,
   fraction: float = DEFAULT_FRACTION,
   kv_bytes: int | None = None,
+  extra_bytes: int = 0,
 ) -> int:
   """The most cache slots `batch` sequences can have; MemoryPlanError if `need_slots` do not fit.
 
   slot_bytes: state bytes per slot per sequence; other_bytes: state that does not grow with slots;
   kv_bytes: the target KV's share of slot_bytes, named in the error. Resident is the larger of the
-  bytes in use and the params, so a plan made before the params are placed still counts them.
+  bytes in use and the params, so a plan made before the params are placed still counts them,
+  plus extra_bytes: params still to be built beside them (a sweep's fused projections).
   """
   check_fraction(fraction)
   if batch < 1 or slot_bytes < 1 or need_slots < 1:
     raise ValueError(f"batch={batch}, slot_bytes={slot_bytes}, need_slots={need_slots}: need >= 1")
   budget = fraction * memory.limit_bytes
-  resident = max(memory.in_use_bytes, params_bytes)
+  resident = max(memory.in_use_bytes, params_bytes) + extra_bytes
   available = budget - resident
   max_slots = max(int((available - other_bytes) // (batch * slot_bytes)), 0)
   if need_slots > max_slots:
     need = batch * need_slots * slot_bytes + other_bytes
     kv = f" (target KV {kv_bytes:,})" if kv_bytes is not None else ""
+    extra = f" + {extra_bytes / GiB:.3f} GiB still to be built" if extra_bytes else ""
     raise MemoryPlanError(
       f"the decode state does not fit the device: B={batch} x {need_slots} slots x "
       f"{slot_bytes:,} bytes per slot{kv} + {other_bytes / GiB:.3f} GiB other state = "
       f"{need / GiB:.3f} GiB needed, {available / GiB:.3f} GiB available (fraction {fraction} "
       f"x {memory.limit_bytes / GiB:.3f} GiB limit - {resident / GiB:.3f} GiB resident, params "
-      f"{params_bytes / GiB:.3f} GiB); at most {max_slots} slots fit at B={batch}: lower the "
-      "batch, prompt, max_new_tokens or k, or raise memory_fraction"
+      f"{params_bytes / GiB:.3f} GiB{extra}); at most {max_slots} slots fit at B={batch}: lower "
+      "the batch, prompt, max_new_tokens or k, or raise memory_fraction"
     )
   return max_slots
 
@@ -131,10 +134,12 @@ def check_fits(
   kv_dtype=None,
   fraction: float | None = DEFAULT_FRACTION,
   memory: DeviceMemory | None = None,
+  extra_bytes: int = 0,
 ) -> int | None:
   """generate()'s plan: the most slots that fit, or None where nothing is planned (fraction None,
   or no memory stats and no explicit `memory` budget). Raises MemoryPlanError when `slots` do not
-  fit; runs before anything compiles. kv_dtype as generate() takes it (None: the model's)."""
+  fit; runs before anything compiles. kv_dtype as generate() takes it (None: the model's);
+  extra_bytes as plan_slots takes it."""
   if fraction is None:
     return None
   check_fraction(fraction)
@@ -153,4 +158,5 @@ def check_fits(
     other_bytes=other_bytes,
     fraction=fraction,
     kv_bytes=kv_slot_bytes(model.config, model.dtype if kv_dtype is None else kv_dtype),
+    extra_bytes=extra_bytes,
   )

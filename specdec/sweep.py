@@ -37,7 +37,7 @@ from specdec.decoding.accept import validate_mode
 from specdec.decoding.generate import cache_slots, check_cache_room, generate, prompt_bucket
 from specdec.decoding.sampling import Sampling
 from specdec.drafters import draft_lm, ngram, null
-from specdec.models.fuse import fuse_projections
+from specdec.models.fuse import fuse_projections, fused_bytes
 from specdec.quant.apply import quantize_model
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -213,6 +213,7 @@ class Runner:
   def __init__(self, cfg, target, drafters: dict):
     self.cfg, self.target = cfg, target
     self._targets = {}  # target format -> the model that decodes (quantized, fused as asked)
+    self._fused_bytes = None  # what fusing the bf16 target allocates beside it
     self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n), **drafters}
     prompts = workload_lib.select(workload_lib.load_workload(cfg.workload), cfg.n_prompts)
     if cfg.chat_template:
@@ -245,14 +246,20 @@ class Runner:
     return prompt_bucket(max(len(p) for p in self.prompt_ids(prompt_tokens, 0)))
 
   def check_memory(self, cell: Cell) -> None:
-    """generate()'s memory plan for a full batch of the cell, on the target as loaded (a quantized
+    """generate()'s memory plan for a full batch of the cell, on the target as loaded plus, for a
+    bf16 cell with fused projections, the fused copy that will decode beside it (a quantized
     target, built later, is smaller but stays resident beside it: generate() checks it then)."""
     bucket = self.bucket(cell.prompt_tokens)
     slots = cache_slots(bucket, self.cfg.max_new_tokens, cell.k)
     drafter = self.drafters[cell.method]
+    extra = 0
+    if self.cfg.fuse_projections and cell.target_format == "bf16":
+      if self._fused_bytes is None:
+        self._fused_bytes = fused_bytes(self.target)
+      extra = self._fused_bytes
     memory.check_fits(
       self.target, drafter, cell.k, cell.batch, bucket, slots, kv_dtype(cell),
-      self.cfg.memory_fraction,
+      self.cfg.memory_fraction, extra_bytes=extra,
     )  # fmt: skip
 
   def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):

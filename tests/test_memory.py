@@ -4,12 +4,14 @@
 import jax
 import jax.numpy as jnp
 import pytest
+from flax.traverse_util import flatten_dict
 
 import specdec
 from specdec import memory, sweep_main
 from specdec.drafters import draft_lm, null
 from specdec.memory import DeviceMemory, GiB, MemoryPlanError
 from specdec.models.config import load_config
+from specdec.models.fuse import fuse_projections, fused_bytes
 from specdec.sweep import CompileCounter, SweepError
 from tests.helpers import tiny_config, tiny_model
 from tests.test_sweep import small_config
@@ -68,8 +70,11 @@ def test_plan_fits_and_refuses_naming_the_numbers():
     assert part in msg
   # Params not yet placed still count: resident is the larger of in-use and params.
   assert memory.plan_slots(64, 4, MiB, mem, fraction=0.9, params_bytes=5 * GiB) == 1024
-  # Fixed state comes off the top.
+  # Fixed state comes off the top, and so do params still to be built (named in the error).
   assert memory.plan_slots(64, 4, MiB, mem, fraction=0.9, other_bytes=GiB) == 1536
+  assert memory.plan_slots(64, 4, MiB, mem, fraction=0.9, extra_bytes=GiB) == 1536
+  with pytest.raises(MemoryPlanError, match="params 0.000 GiB [+] 7.000 GiB still to be built"):
+    memory.plan_slots(64, 4, MiB, mem, fraction=0.9, extra_bytes=7 * GiB)
   with pytest.raises(ValueError, match="memory_fraction must be in"):
     memory.plan_slots(64, 4, MiB, mem, fraction=1.5)
 
@@ -133,3 +138,28 @@ def test_sweep_refuses_an_oversized_cell_before_running(monkeypatch, tmp_path):
   with pytest.raises(SweepError, match=r"cell null k=0 prompt_tokens=0: .*B=2 x 576 slots"):
     sweep_main.run(small_config(batches=(1, 2)), str(out), progress=False)
   assert not (out / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_sweep_counts_the_fused_copy_it_will_build(monkeypatch, tmp_path, fuse):
+  # Room for B=1 beside the loaded target, but not beside the target and its fused q/k/v, gate/up.
+  target = specdec.load(small_config().target, dtype=jnp.float32)
+  fused = fused_bytes(target)
+  assert fused > 0
+  slot = memory.kv_slot_bytes(target.config, jnp.float32) + 4
+  _fake_device(monkeypatch, target, available=int(576 * slot + fused // 2))
+  out = tmp_path / "run"
+  cfg = small_config(batches=(1,), fuse_projections=fuse)
+  if fuse:
+    with pytest.raises(SweepError, match=r"B=1 x 576 slots.* GiB still to be built"):
+      sweep_main.run(cfg, str(out), progress=False)
+  else:
+    sweep_main.run(cfg, str(out), progress=False)
+    assert (out / "results.jsonl").exists()
+
+
+def test_fused_bytes_are_what_fusing_allocates():
+  model = tiny_model(attention_bias=True)
+  joined = flatten_dict(fuse_projections(model).params["params"])
+  want = sum(v.nbytes for k, v in joined.items() if {"qkv_proj", "gate_up_proj"} & set(k))
+  assert fused_bytes(model) == want > 0

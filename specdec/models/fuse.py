@@ -14,6 +14,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.traverse_util import flatten_dict
 
 from specdec.quant import fp8, nvfp4
 
@@ -47,6 +48,21 @@ def _fuse_sublayer(params: dict, fused: str, names: tuple[str, ...]) -> dict:
   if "bias" in parts[0]:
     new["bias"] = jnp.concatenate([p["bias"] for p in parts], axis=-1)
   return {**{k: v for k, v in params.items() if k not in names}, fused: new}
+
+
+def fused_bytes(model) -> int:
+  """Bytes `fuse_projections(model)` allocates beside `model` (the joined kernels and biases), from
+  shapes alone: the unfused model stays resident while the fused one decodes."""
+  shapes = jax.eval_shape(
+    lambda p: fuse_projections(dataclasses.replace(model, params=p)).params, model.params
+  )
+  flat = flatten_dict(shapes["params"])
+  return sum(
+    x.size * x.dtype.itemsize
+    for path, leaf in flat.items()
+    if any(name in path for name in FUSED_NAMES)
+    for x in jax.tree.leaves(leaf)
+  )
 
 
 def fuse_projections(model):
