@@ -124,11 +124,14 @@ def device_order() -> BitOrder:
   return "kernel" if jax.default_backend() == "gpu" else "checkpoint"
 
 
+def _is_nvfp4(x) -> bool:
+  return isinstance(x, NVFP4Weight)
+
+
 def for_device(tree):
   """`tree` with every NVFP4Weight in `device_order()` (a model's params after load or quantize)."""
   order = device_order()
-  is_w = lambda x: isinstance(x, NVFP4Weight)  # noqa: E731
-  return jax.tree.map(lambda x: x.in_order(order) if is_w(x) else x, tree, is_leaf=is_w)
+  return jax.tree.map(lambda x: x.in_order(order) if _is_nvfp4(x) else x, tree, is_leaf=_is_nvfp4)
 
 
 @functools.partial(jax.jit, static_argnames="dtype")
