@@ -52,6 +52,7 @@ import math
 import statistics
 import sys
 import time
+from typing import ClassVar
 
 import jax
 import jax.experimental.pallas as pl
@@ -65,7 +66,6 @@ from specdec.quant.fp8 import FP8Weight
 
 TILE_K = 128  # k per pipeline step: one 128-byte swizzle line of codes per weight row
 BLOCK_ROWS = nv.BLOCK_ROWS
-M_MAX = nv.M_MAX
 DECODE_SHIFT = 120  # decoded bf16 = E4M3 value * 2^-DECODE_SHIFT before the multiply
 
 DECODE_PTX = """{
@@ -84,18 +84,11 @@ mul.rn.bf16x2 $1, a, s;
 
 
 @dataclasses.dataclass(frozen=True)
-class TuningConfig:
-  tile_n: int = 112  # output features per CTA, a multiple of 16 (16 per mma row block)
-  max_concurrent_steps: int = 4  # TMA pipeline depth (K steps of 128 in flight)
-  split_k: int = 1  # CTAs along K; > 1 writes f32 partials that XLA sums
+class TuningConfig(nv.TuningConfig):
+  """nvfp4_gemv's knobs and checks, with this kernel's step of 128 k (128 bytes per row there and
+  here)."""
 
-  def check(self, m: int, k: int, n: int) -> None:
-    if not 1 <= m <= M_MAX:
-      raise ValueError(f"{m=} must be in [1, {M_MAX}]")
-    if self.tile_n % BLOCK_ROWS or not BLOCK_ROWS <= self.tile_n <= min(n, 256):
-      raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, min({n=}, 256)]")
-    if k % (TILE_K * self.split_k):
-      raise ValueError(f"{k=} must be divisible by {TILE_K} * split_k={self.split_k}")
+  k_step: ClassVar[int] = TILE_K
 
 
 def default_config(m: int, k: int, n: int) -> TuningConfig:

@@ -95,6 +95,7 @@ import math
 import statistics
 import sys
 import time
+from typing import ClassVar
 
 import jax
 import jax.experimental.pallas as pl
@@ -176,16 +177,17 @@ PAIR_LO, PAIR_HI = 0x5410, 0x7632
 @dataclasses.dataclass(frozen=True)
 class TuningConfig:
   tile_n: int = 112  # output features per CTA, a multiple of 16 (16 per mma row block)
-  max_concurrent_steps: int = 4  # TMA pipeline depth (K steps of 256 in flight)
+  max_concurrent_steps: int = 4  # TMA pipeline depth (K steps in flight)
   split_k: int = 1  # CTAs along K; > 1 writes f32 partials that XLA sums
+  k_step: ClassVar[int] = TILE_K  # k per pipeline step (fp8_gemv's subclass: 128)
 
   def check(self, m: int, k: int, n: int) -> None:
     if not 1 <= m <= M_MAX:
       raise ValueError(f"{m=} must be in [1, {M_MAX}]")
     if self.tile_n % BLOCK_ROWS or not BLOCK_ROWS <= self.tile_n <= min(n, 256):
       raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, min({n=}, 256)]")
-    if k % (TILE_K * self.split_k):
-      raise ValueError(f"{k=} must be divisible by {TILE_K} * split_k={self.split_k}")
+    if k % (self.k_step * self.split_k):
+      raise ValueError(f"{k=} must be divisible by {self.k_step} * split_k={self.split_k}")
 
 
 def _per_sm_rows(n: int, tile_n: int, split_k: int, num_sms: int) -> float:
