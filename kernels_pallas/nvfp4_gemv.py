@@ -44,6 +44,10 @@ TB/s = (K N / 2 + K N / 16) bytes / time; XLA = its bf16 dot on a dense (K, N) w
   1   5120x17408   48      19.6  2.56  60%         44.0 (4.05)   2.25        0.6
   16  5120x17408   48      22.4  2.23  53%         46.1 (3.86)   2.06        0.6
 
+With the codes in the kernel's bit order (session 4, two processes): 8192x28672 M = 1 / 4 / 8 / 16
+40.0-40.8 / 40.4-40.8 / 40.5-40.8 / 45.0-45.3 us (3.24-3.30 TB/s at M = 1, 2.64-2.72x XLA);
+5120x17408 18.0-18.2 / 18.0-18.2 / 18.1-18.2 / 20.9-21.2 us (2.75-2.79 TB/s at M = 1).
+
 The issue's bars (>= 3.4 TB/s, >= 3x XLA's time) are not met; compile (<= 20 s) is. Note the two
 speed bars are nearly one: XLA's dot runs at 4.2-4.4 TB/s of kernel time, so 3x its time needs
 3.7 TB/s of NVFP4 bytes, 88% of the copy ceiling.
