@@ -1,5 +1,6 @@
 """NVFP4 / FP8 targets: load both layouts, run in the jitted step, match the dequantized twin."""
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 import specdec
 from specdec.checkpoint.safetensors_io import read_tensors, write_tensors
 from specdec.drafters import ngram
+from specdec.quant import nvfp4
 from specdec.quant.apply import dequantized_twin, quantize_model
 from specdec.quant.matmul import QuantizedWeight
 from tests.helpers import tiny_model
@@ -49,6 +51,25 @@ def test_quantized_checkpoint_round_trips(dense, tmp_path, fmt, layout):
     }[layout]  # fmt: skip
     t = read_tensors(str(tmp_path / "model.safetensors"))
     assert t[f"model.layers.0.mlp.up_proj.{name}"].shape == shape
+
+
+def test_a_model_in_the_kernel_bit_order_is_the_same_model(dense, monkeypatch, tmp_path):
+  # What load and quantize_model do on a GPU, forced here: every NVFP4 weight in the kernel's
+  # bit order; the model computes and saves exactly what the checkpoint-order one does.
+  q = quantize_model(dense, "nvfp4")
+  monkeypatch.setattr(nvfp4, "device_order", lambda: "kernel")
+  k = dataclasses.replace(q, params=nvfp4.for_device(q.params))
+  kernel = k.params["params"]["layer_0"]["mlp"]["up_proj"]["kernel"]
+  assert kernel.bit_order == "kernel"
+  np.testing.assert_array_equal(np.asarray(k.logits(X)), np.asarray(q.logits(X)))
+  specdec.save(str(tmp_path / "k"), k)
+  specdec.save(str(tmp_path / "q"), q)
+  assert (tmp_path / "k" / "model.safetensors").read_bytes() == (
+    tmp_path / "q" / "model.safetensors"
+  ).read_bytes()
+  loaded = specdec.load(str(tmp_path / "k"), dtype=jnp.float32)  # the patched order again
+  assert loaded.params["params"]["layer_0"]["mlp"]["up_proj"]["kernel"].bit_order == "kernel"
+  np.testing.assert_array_equal(np.asarray(loaded.logits(X)), np.asarray(q.logits(X)))
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
