@@ -120,8 +120,12 @@ OUT_SCALE = 2.0 ** (126 - WEIGHT_SCALE_SHIFT)
 COPY_CEILING_TBS = 4.24  # DESIGN.md section 9, device-to-device copy on the H200
 
 
-def _shift_ptx(dst: str, src: str, left: int) -> str:
-  return f"shl.b32 {dst}, {src}, {left};" if left > 0 else f"shr.u32 {dst}, {src}, {-left};"
+def _shifted(lines: list[str], reg: str, left: int) -> str:
+  """The word $4 shifted left by `left` (negative: right) into `reg`; $4 itself for 0."""
+  if not left:
+    return "$4"
+  lines.append(f"shl.b32 {reg}, $4, {left};" if left > 0 else f"shr.u32 {reg}, $4, {-left};")
+  return reg
 
 
 @functools.cache
@@ -133,22 +137,10 @@ def decode_ptx(order: BitOrder) -> str:
   lines = ["{", ".reg .b32 a, b;"]
   for p, (sign, mag) in enumerate(PAIR_SHIFTS[order]):
     if sign == mag:
-      src = "$4"
-      if sign:
-        lines.append(_shift_ptx("a", "$4", sign))
-        src = "a"
-      lines.append(f"and.b32 a, {src}, 0x81C081C0;")
+      lines.append(f"and.b32 a, {_shifted(lines, 'a', sign)}, 0x81C081C0;")
     else:
-      src = "$4"
-      if mag:
-        lines.append(_shift_ptx("b", "$4", mag))
-        src = "b"
-      lines.append(f"and.b32 b, {src}, 0x01C001C0;")
-      src = "$4"
-      if sign:
-        lines.append(_shift_ptx("a", "$4", sign))
-        src = "a"
-      lines.append(f"lop3.b32 a, {src}, b, 0x80008000, 0xEC;")
+      lines.append(f"and.b32 b, {_shifted(lines, 'b', mag)}, 0x01C001C0;")
+      lines.append(f"lop3.b32 a, {_shifted(lines, 'a', sign)}, b, 0x80008000, 0xEC;")
     lines.append(f"mul.rn.bf16x2 ${p}, a, $5;")
   return "\n".join([*lines, "}"])
 
