@@ -63,20 +63,20 @@ rows across SMs (busiest SM 224 rows instead of 256): 46.3 -> 41.2 us, and 30.2 
 q right by a byte once and then only left (44.5 us), 3 or 6 stages (42.2, 44.2 us), 96-row CTAs
 on 5120x17408 (25.5 us). M > 8 doubles the mma and x work (two token tiles): 41 -> 46.5 us.
 
-Nsight Compute on that version (8192x28672, M = 1, 2026-11-30, `--clock-control none`): 42.8 us
-at 1.79 GHz, 114 registers, 66.6 KB of SMEM per CTA (3 CTAs per SM fit, 1.94 exist), 7.45 warps
-per SM, issue slots 60% busy (2.64 IPC), ALU pipe 55%; 737 SASS instructions per thread and step
-(28 words: LOP3 230, IMAD 164 (ptxas already turns the left shifts into IMAD.SHL), HMUL2 112,
-SHF 59, LDS 30, HMMA 28, scale conversions ~50). The kernel bit order removes 4 of ~26
-instructions per word, for 3-8% (40.0 us): the rest is latency. Per issued instruction a warp then
-waits ~0.45 cycles on fixed-latency results, ~0.44 on SMEM/mbarrier results, ~0.28 on a busy pipe,
-and fewer than two warps per scheduler cannot cover it. More warps were measured not to help:
-smaller tiles (more CTAs per SM; tile sweep in docs/benchmarks.md) cost as much per-warp work as
-they hide, and a warp-specialized version (two compute warpgroups sharing each SMEM stage plus a
-TMA warpgroup, `plgpu.emit_pipeline_warp_specialized`; correct on the GPU) ran slower: 46.3 us on
-8192x28672 at tile 128 (53.4 at 96, 56.5 at 64) and 24.9 us on 5120x17408 at tile 96. It was
-removed. What is left: fewer dependent steps per word (the scale splat and x pairing), or a
-wider step per CTA (TILE_K = 512: half the per-step waits).
+Nsight Compute on that version (8192x28672, M = 1, 2026-11-30, `--clock-control none`): 42.8 us at
+1.79 GHz, 114 registers, 66.6 KB of SMEM per CTA (3 CTAs per SM fit, 1.94 exist), 7.45 warps per SM,
+issue slots 60% busy (2.64 IPC), ALU pipe 55%; 737 SASS instructions per thread and step (28 words:
+LOP3 230, IMAD 164 (ptxas already turns the left shifts into IMAD.SHL), HMUL2 112, SHF 59, LDS 30,
+HMMA 28, scale conversions ~50). The kernel bit order removes 4 of ~26 instructions per word, for
+2-8% (40.0-40.8 us): the rest is latency. Per issued instruction a warp then waits ~0.45 cycles on
+fixed-latency results, ~0.44 on SMEM/mbarrier results, ~0.28 on a busy pipe, and fewer than two
+warps per scheduler cannot cover it. More warps were measured not to help: smaller tiles (more CTAs
+per SM; tile sweep in docs/benchmarks.md) cost as much per-warp work as they hide, and a
+warp-specialized version (two compute warpgroups sharing each SMEM stage plus a TMA warpgroup,
+`plgpu.emit_pipeline_warp_specialized`; correct on the GPU) ran slower: 46.3 us on 8192x28672 at
+tile 128 (53.4 at 96, 56.5 at 64) and 24.9 us on 5120x17408 at tile 96. It was removed. What is
+left: fewer dependent steps per word (the scale splat and x pairing), or a wider step per CTA
+(TILE_K = 512: half the per-step waits).
 
 Bank conflicts. With the 128B swizzle (16-byte chunk c of a 128-byte line is stored at c ^ line%8)
 the code reads (8 B per lane, chunks w and w + 4 of each row line) and scale reads are conflict-

@@ -591,18 +591,21 @@ class Runner:
       }
       self.guarded(cond, self._child, "loop", kwargs, flags)
 
+  def _cell_kwargs(self, part) -> dict:
+    """A child decode cell's arguments from a part's config (shape, format, batch, context)."""
+    return dict(
+      shape=dict(self.cfg.shapes[part.shape]),
+      fmt=part.format,
+      batch=part.batch,
+      slots=part.context,
+      n_steps=self.cfg.n_steps,
+    )
+
   def _flags(self):
     """One decode cell per arm (XLA_FLAGS, projections fused or not), a process per (leg, arm),
     arms interleaved."""
     f = self.cfg.flags
-    kwargs = dict(
-      shape=dict(self.cfg.shapes[f.shape]),
-      fmt=f.format,
-      batch=f.batch,
-      slots=f.context,
-      n_steps=self.cfg.n_steps,
-      reps=self.cfg.reps,
-    )
+    kwargs = dict(self._cell_kwargs(f), reps=self.cfg.reps)
     for leg in range(f.legs):
       for flags, fuse in f.arms:
         cond = {
@@ -623,13 +626,7 @@ class Runner:
 
   def _compile(self):
     cp = self.cfg.compile
-    kwargs = dict(
-      shape=dict(self.cfg.shapes[cp.shape]),
-      fmt=cp.format,
-      batch=cp.batch,
-      slots=cp.context,
-      n_steps=self.cfg.n_steps,
-    )
+    kwargs = self._cell_kwargs(cp)
     with tempfile.TemporaryDirectory(prefix="jax-cache-") as cache_dir:
       for run in ("cold", "cached"):
         cond = {

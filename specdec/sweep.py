@@ -20,6 +20,7 @@ build none; a row that did shows a static shape that changes where it should not
 """
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -213,7 +214,6 @@ class Runner:
   def __init__(self, cfg, target, drafters: dict):
     self.cfg, self.target = cfg, target
     self._targets = {}  # target format -> the model that decodes (quantized, fused as asked)
-    self._fused_bytes = None  # what fusing the bf16 target allocates beside it
     self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n), **drafters}
     prompts = workload_lib.select(workload_lib.load_workload(cfg.workload), cfg.n_prompts)
     if cfg.chat_template:
@@ -252,15 +252,17 @@ class Runner:
     bucket = self.bucket(cell.prompt_tokens)
     slots = cache_slots(bucket, self.cfg.max_new_tokens, cell.k)
     drafter = self.drafters[cell.method]
-    extra = 0
-    if self.cfg.fuse_projections and cell.target_format == "bf16":
-      if self._fused_bytes is None:
-        self._fused_bytes = fused_bytes(self.target)
-      extra = self._fused_bytes
+    fused = self.cfg.fuse_projections and cell.target_format == "bf16"
+    extra = self._fused_copy_bytes if fused else 0
     memory.check_fits(
       self.target, drafter, cell.k, cell.batch, bucket, slots, kv_dtype(cell),
       self.cfg.memory_fraction, extra_bytes=extra,
     )  # fmt: skip
+
+  @functools.cached_property
+  def _fused_copy_bytes(self) -> int:
+    """What fusing the bf16 target allocates beside it (from shapes)."""
+    return fused_bytes(self.target)
 
   def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
     t = cell.temperature if temperature is None else temperature

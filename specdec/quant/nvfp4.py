@@ -3,14 +3,14 @@
 Shape letters: K = in features, N = out features, G = K/16 scale groups, P = K/2 packed bytes.
 
 The data keeps the checkpoint's layout, `packed_NP` uint8 [N, K/2] (element 2j in the low nibble)
-and `scales_NG` e4m3 [N, K/16]: ModelOpt and compressed-tensors store exactly these bytes, and it
-is the K-contiguous "weight as the A operand" layout a swap-AB GEMV/GEMM reads. On a CPU loading
-is zero-copy. On a GPU (`for_device`, applied by `specdec.load` and `quantize_model`) the codes are
+and `scales_NG` e4m3 [N, K/16]: ModelOpt and compressed-tensors store exactly these bytes, and it is
+the K-contiguous "weight as the A operand" layout a swap-AB GEMV/GEMM reads. On a CPU loading is
+zero-copy. On a GPU (`for_device`, applied by `specdec.load` and `quantize_model`) the codes are
 kept in the kernel's bit order (`bit_order="kernel"`, see `PAIR_SHIFTS`): the same bytes with the
-bits of each 32-bit word of 8 codes permuted once, so that kernels_pallas/nvfp4_gemv decodes a
-word in 11 integer operations instead of 15 (measured 3-8% faster kernels, 8-12% faster NVFP4
-decode steps: docs/benchmarks.md). Every operation here reads either order; checkpoints are always
-written in the checkpoint's.
+bits of each 32-bit word of 8 codes permuted once, so that kernels_pallas/nvfp4_gemv decodes a word
+in 11 integer operations instead of 15 (measured 2-8% faster kernels over two runs, 8-12% faster
+NVFP4 decode steps: docs/benchmarks.md). Every operation here reads either order; checkpoints are
+always written in the checkpoint's.
 
 The global scale keeps the orientation the checkpoint stored (`global_divides`): ModelOpt's
 `weight_scale_2` multiplies, compressed-tensors' `weight_global_scale` divides. Flipping it costs
