@@ -72,7 +72,7 @@ def get_config(preset: str = ""):
     dict(
       shape="qwen3_8b",
       batch=1,
-      impls=("xla", "xla_sdpa", "cudnn", "cudnn_seqlen"),
+      impls=("xla", "pallas", "xla_sdpa", "cudnn", "cudnn_seqlen"),
       widths=(1, 2, 4, 8, 16),
       contexts=(1024, 8192),
       iters=4,  # x the layers: each iteration calls attention once per layer

@@ -4,9 +4,10 @@ Parts, each returning result rows (dicts) that carry their own conditions:
   copy       the device copy ceiling of this run: a jitted copy of a big bf16 array
   decode     one-token greedy decode steps (null drafter, k = 0) per (shape, format, B, context)
   verify     a width-w target forward over the cache against width 1
-  attention  attention over the cache for w queries, per layer-call: XLA einsum (the model's own
-             `attend`), XLA's `dot_product_attention`, cuDNN's (with a mask bias, or with its
-             padding mask only; see `attention_op`)
+  attention  attention over the cache for w queries, per layer-call: XLA einsum (`attend_xla`),
+             the Mosaic GPU kernel (kernels_pallas.decode_attention, what `attend` runs on a
+             GPU), XLA's `dot_product_attention`, cuDNN's (with a mask bias, or with its padding
+             mask only; see `attention_op`)
   loop       `bench.time_step` (k = 4 ngram), the empty loop's per-iteration slope and fixed cost,
              and the copies in its optimized HLO; one subprocess per XLA_FLAGS arm
   compile    lower + compile of the decode chunk in a fresh process, cold and then from the
@@ -58,11 +59,11 @@ from specdec.memory import tree_bytes
 from specdec.model import Model
 from specdec.models.config import ModelConfig
 from specdec.models.fuse import fuse_projections
-from specdec.models.transformer import KVCache, attend
+from specdec.models.transformer import KVCache, attend, attend_xla
 from specdec.results import append_row, environment_fields
 
 PARTS = ("copy", "decode", "verify", "attention", "loop", "flags", "compile", "profile")
-ATTENTION_IMPLS = ("xla", "xla_sdpa", "cudnn", "cudnn_seqlen")
+ATTENTION_IMPLS = ("xla", "pallas", "xla_sdpa", "cudnn", "cudnn_seqlen")
 COPY_CEILING_TBS = 4.24  # DESIGN.md section 9: torch device-to-device copy on the H200
 # Issue 9's bars, as a fraction of COPY_CEILING_TBS, for B = 1 decode.
 BARS = {"bf16": 0.85, "nvfp4": 0.70}
@@ -201,14 +202,19 @@ def verify_cell(model: Model, slots: int, width: int, n: int, reps: int) -> dict
 def attention_op(impl: str):
   """(q_BTNH, k_BSKH, v_BSKH, positions_BT) -> o_BTNH, query t seeing slots <= positions[:, t].
 
-  xla: the model's own einsum `attend`. xla_sdpa / cudnn: jax.nn.dot_product_attention with that
-  visibility as a boolean mask (which JAX turns into an additive bias [B, 1, T, S]). cudnn_seqlen:
+  xla: the einsum `attend_xla`. pallas: kernels_pallas.decode_attention (what `attend` runs on a
+  GPU). xla_sdpa / cudnn: jax.nn.dot_product_attention with that visibility as a boolean mask
+  (which JAX turns into an additive bias [B, 1, T, S]). cudnn_seqlen:
   cuDNN's padding mask (key_value_seq_lengths) and no bias: every query of a row sees the slots up
   to the row's LAST position, exact for T = 1 only (its causal masks are top-left aligned, not the
   bottom-right alignment a verify block needs), timed to show what the bias costs.
   """
   if impl == "xla":
-    return attend
+    return attend_xla
+  if impl == "pallas":
+    from kernels_pallas.decode_attention import decode_attention
+
+    return decode_attention
 
   def sdpa(q_BTNH, k_BSKH, v_BSKH, positions_BT):
     if impl == "cudnn_seqlen":
@@ -443,10 +449,12 @@ def validate(cfg) -> None:
   for impl in cfg.attention.impls:
     if impl not in ATTENTION_IMPLS:
       raise BenchConfigError(f"unknown attention impl {impl!r}; choose from {ATTENTION_IMPLS}")
-  cudnn = [impl for impl in cfg.attention.impls if impl.startswith("cudnn")]
-  if any(p == "attention" for p, _ in parts) and cudnn:
+  gpu_only = [i for i in cfg.attention.impls if i.startswith("cudnn") or i == "pallas"]
+  if any(p == "attention" for p, _ in parts) and gpu_only:
     if jax.default_backend() != "gpu":
-      raise BenchConfigError(f"attention impls {cudnn} need a GPU; drop them from attention.impls")
+      raise BenchConfigError(
+        f"attention impls {gpu_only} need a GPU; drop them from attention.impls"
+      )
   arm_flags = [flags for flags, _ in cfg.flags.arms]
   for sub, entries in (("loop.xla_flags", cfg.loop.xla_flags), ("flags.arms", arm_flags)):
     for flags in entries:

@@ -181,7 +181,13 @@ def test_unwritable_out_is_a_clear_error(tmp_path):
 
 def test_environment_fields():
   env = results.environment_fields()
-  assert set(env) == {"device", "jax_version", "git_commit", "git_dirty", "timestamp"}
+  assert set(env) == {"device", "jax_version", "git_commit", "git_dirty", "timestamp", "attention"}
   assert env["jax_version"].count(".") >= 1
   assert env["git_commit"] == "unknown" or len(env["git_commit"]) == 40
   results.validate_row(make_row(**env))
+
+
+def test_environment_records_the_attention_path(monkeypatch):
+  assert results.environment_fields()["attention"] == "auto"
+  monkeypatch.setenv("SPECDEC_ATTENTION", "xla")
+  assert results.environment_fields()["attention"] == "xla"

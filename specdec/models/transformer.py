@@ -14,6 +14,7 @@ the compute dtype, with one k and one v scale per layer: the attention params `k
 params hold none. Caches of any other dtype ignore the scales.
 """
 
+import os
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -122,7 +123,25 @@ def write_cache(cache_BSKH, new_BTKH, positions_BT, scale=1.0):
   return cache_BSKH.at[b_BT, positions_BT].set(new_BTKH, mode="drop")
 
 
+def attention_path() -> str:
+  """ "xla" when SPECDEC_ATTENTION=xla forces `attend_xla`, else "auto" (result rows record it)."""
+  return "xla" if os.environ.get("SPECDEC_ATTENTION", "") == "xla" else "auto"
+
+
 def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT):
+  """Each query t of row b over the cache slots <= positions[b, t]: kernels_pallas's decode
+  attention on a GPU where it applies (a few queries per kv head; measured faster in
+  docs/benchmarks.md), else `attend_xla`. SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
+  if attention_path() == "auto" and jax.default_backend() == "gpu":
+    # Imported here: CPU runs never need Pallas.
+    from kernels_pallas import decode_attention as da
+
+    if da.supported(q_BTNH, k_BSKH, v_BSKH):
+      return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+  return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+
+
+def attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT):
   B, T, N, H = q_BTNH.shape
   K = k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)

@@ -1,0 +1,343 @@
+"""Attention of a few new queries over the KV cache (decode and verify) for Hopper: Mosaic GPU.
+
+o[b, t, n] = softmax_s(q[b, t, n] . k[b, s, n // G] / sqrt(H) over s <= positions[b, t]) . v[...]
+for q [B, T, N, H] and a static cache k, v [B, S, K, H] (specdec.models.transformer.attend's
+contract), with T x G <= 128 query rows per kv head.
+
+Why a kernel. XLA runs this as ~7 launches (q.K GEMM, mask select, softmax max and sum, convert,
+p.V GEMM, transpose) that cost ~12.5 us per layer on the Qwen3-8B shape at 1k context for 4 MB of
+K/V (docs/benchmarks.md): about 0.45 ms of a 4.7 ms decode step.
+
+Structure (flash-decoding). The T x G queries that share kv head h are one block of R = 64 (or 128)
+rows, r = t G + g (q is rearranged and zero-padded by XLA, a fusion with the RoPE that makes it).
+The cache slots are split into `splits` ranges of whole `block_s` blocks; one CTA (one warpgroup)
+per (kv head, range, batch row) streams its K and V blocks through a TMA pipeline and keeps the
+online-softmax state in registers: scores = Q K^T by wgmma (f32), masked to slots in [its range
+start, positions[b, t]], scaled by log2(e) / sqrt(H), exponentiated with exp2 against the running
+row max, and P V by wgmma with P in bf16 from registers. It writes its unnormalized rows
+o [TG, H] (f32) and the row max m and sum l; `combine` (one XLA fusion) weighs the ranges by
+exp2(m - max m) and normalizes. When the ranges do not divide the blocks, the last range is
+pulled back to end at S and its overlap with the previous range is masked, so the pipeline's trip
+count stays static.
+
+Exactness. A row's numbers depend on its own query, its position, the cache and the split plan
+(`default_config`: from B, K, S and T x G), not on the other rows. Against `attend` (f32 scores,
+normalized P cast to bf16 before P V) the difference is the bf16 rounding of the unnormalized P
+and the f32 summation order: relative error ~2e-3 against an f32 reference, as `attend`'s own.
+
+Measured (H200, 2026-11-30, docs/benchmarks.md session 5): per layer-call on the Qwen3-8B shape
+(wall clock, launch gaps included) 10.9 / 9.5 / 13.9 us at 1k context for 1 / 4 / 16 queries
+(XLA's einsum 12.2 / 20.0 / 20.3, cuDNN 11.6 / 30.8 / 30.5) and 19.7 / 19.7 / 20.2 us at 8k (XLA
+24.0 / 27.8 / 44.7); B = 8 at 8k reads K/V at 4.06 TB/s. In the decode step it saves 0.7-3.0% at
+B = 1 and 3.6-15% at B = 8 (bf16), up to 19% with NVFP4 weights. At B = 1 and 1k the kernel is
+latency (4 MB per layer over 64 CTAs of two blocks each): ~4.9 us in the step.
+
+Testing without a GPU. The Pallas GPU interpreter has no wgmma, so on a CPU the tests check the
+lowering for the cuda platform (the Mosaic GPU dialect lowering runs there), the plan, and
+`combine` over `reference_partials` (the same ranges and masks in jnp) against `attend`; `-m gpu`
+tests run the kernel against `reference_partials` and `attend`.
+"""
+
+import argparse
+import dataclasses
+import functools
+import math
+import statistics
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+
+ROW_TILE = 64  # wgmma M
+LOG2E = math.log2(math.e)
+MASKED = -1e30  # finite: a range with no visible slot gets weight exp2(MASKED - max) = 0, no NaN
+TARGET_CTAS = 264  # two per SM on the H200's 132 SMs
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningConfig:
+  block_s: int = 64  # cache slots per pipeline step
+  splits: int = 1  # slot ranges per (kv head, batch row), one CTA each
+  stages: int = 2  # TMA pipeline depth
+
+  def check(self, slots: int, head_dim: int) -> None:
+    if self.block_s % 64 or slots % self.block_s:
+      raise ValueError(f"block_s={self.block_s} must be a multiple of 64 dividing S={slots}")
+    if not 1 <= self.splits <= slots // self.block_s:
+      raise ValueError(
+        f"splits={self.splits} must be in [1, S / block_s = {slots // self.block_s}]"
+      )
+    if head_dim % 64 or head_dim > 256:
+      raise ValueError(f"head_dim={head_dim} must be a multiple of 64, at most 256")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Where each CTA reads: range p covers blocks [p per, (p + 1) per) clipped to the cache."""
+
+  blocks: int  # S / block_s
+  per: int  # blocks per range
+  splits: int  # ranges that hold at least one block
+
+  @staticmethod
+  def of(slots: int, config: TuningConfig) -> "Plan":
+    blocks = slots // config.block_s
+    per = -(-blocks // config.splits)
+    return Plan(blocks, per, -(-blocks // per))
+
+  def first_block(self, p):
+    """First block a CTA loads: the last range is pulled back so that `per` blocks exist."""
+    return jnp.minimum(p * self.per, self.blocks - self.per)
+
+
+def default_config(batch: int, kv_heads: int, slots: int, rows: int) -> TuningConfig:
+  """64-slot blocks; enough ranges for ~two CTAs per SM (at least 4), but at least two blocks per
+  range (one-block CTAs are all latency) and no more than S / (8 T G) ranges, above which the f32
+  partials cost more than the parallelism buys. From the H200 sweep in docs/benchmarks.md."""
+  blocks = slots // 64
+  want = max(4, -(-TARGET_CTAS // (batch * kv_heads)))
+  return TuningConfig(block_s=64, splits=max(1, min(want, blocks // 2, slots // (8 * rows))))
+
+
+def query_rows(q_BTNH: jax.Array, kv_heads: int) -> tuple[jax.Array, int]:
+  """q [B, T, N, H] -> [B, K, R, H] with row r = t G + g, zero rows up to R (a multiple of 64)."""
+  B, T, N, H = q_BTNH.shape
+  G = N // kv_heads
+  tg = T * G
+  rows = ROW_TILE * -(-tg // ROW_TILE)
+  q_BKRH = q_BTNH.reshape(B, T, kv_heads, G, H).transpose(0, 2, 1, 3, 4).reshape(B, kv_heads, tg, H)
+  return jnp.pad(q_BKRH, ((0, 0), (0, 0), (0, rows - tg), (0, 0))), tg
+
+
+def row_limits(positions_BT: jax.Array, groups: int, rows: int) -> jax.Array:
+  """The last visible slot of each query row [B, R] (padding rows repeat the last query)."""
+  T = positions_BT.shape[1]
+  t_R = jnp.minimum(jnp.arange(rows) // groups, T - 1)
+  return positions_BT[:, t_R].astype(jnp.int32)
+
+
+def _kernel_partials(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningConfig):
+  B, K, R, H = q_BKRH.shape
+  S = k_BSKH.shape[1]
+  plan = Plan.of(S, config)
+  bs = config.block_s
+  scale = H**-0.5 * LOG2E
+  mma_smem = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  wgmma_rows = plgpu.Layout.WGMMA.reduce(1)
+
+  def kernel(q_ref, k_ref, v_ref, lim_ref, o_ref, m_ref, l_ref, q_smem, lim_smem, bar):
+    h, p, b = (jax.lax.axis_index(n) for n in ("h", "p", "b"))
+    first = plan.first_block(p)
+    lo = p * plan.per * bs  # slots below belong to the previous range
+    # Q and the row limits load beside the pipeline's first K/V blocks; step 0 waits for them.
+    plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_smem, bar)
+    plgpu.copy_gmem_to_smem(lim_ref.at[b], lim_smem, bar)
+
+    def body(idx, k_smem, v_smem, carry):
+      acc_RH, m_R, l_R = carry
+      pl.when(idx[0] == 0)(lambda: plgpu.barrier_wait(bar))
+      hi_R = plgpu.load(lim_smem, layout=wgmma_rows)
+
+      def scores(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, k_smem.transpose((1, 0)))
+        return acc_ref[...]
+
+      s_RS = pl.run_scoped(scores, plgpu.ACC((R, bs), jnp.float32))
+      slot_RS = plgpu.broadcasted_iota(jnp.int32, (R, bs), 1, layout=plgpu.Layout.WGMMA)
+      slot_RS = slot_RS + (first + idx[0]) * bs
+      visible = (slot_RS >= lo) & (slot_RS <= jax.lax.broadcast_in_dim(hi_R, (R, bs), [0]))
+      s_RS = jnp.where(visible, s_RS * scale, MASKED)
+      m_new = jnp.maximum(m_R, s_RS.max(axis=1))
+      alpha_R = jnp.exp2(m_R - m_new)
+      p_RS = jnp.exp2(s_RS - jax.lax.broadcast_in_dim(m_new, (R, bs), [0]))
+      l_R = l_R * alpha_R + p_RS.sum(axis=1)
+      acc_RH = acc_RH * jax.lax.broadcast_in_dim(alpha_R, (R, H), [0])
+
+      def values(acc_ref):
+        plgpu.wgmma(acc_ref, p_RS.astype(v_smem.dtype), v_smem)
+
+      return pl.run_state(values)(plgpu.ACC.init(acc_RH)), m_new, l_R
+
+    spec = plgpu.BlockSpec((bs, H), lambda i: (first + i, 0), transforms=mma_smem)
+    acc_RH, m_R, l_R = plgpu.emit_pipeline(
+      body,
+      grid=(plan.per,),
+      in_specs=[spec, spec],
+      max_concurrent_steps=min(config.stages, plan.per),
+      init_carry=(
+        plgpu.layout_cast(jnp.zeros((R, H), jnp.float32), plgpu.Layout.WGMMA),
+        plgpu.layout_cast(jnp.full((R,), MASKED, jnp.float32), wgmma_rows),
+        plgpu.layout_cast(jnp.zeros((R,), jnp.float32), wgmma_rows),
+      ),
+    )(k_ref.at[b, :, h], v_ref.at[b, :, h])
+
+    def store(o_smem, ml_smem):
+      o_smem[...] = acc_RH
+      ml_smem[0] = m_R
+      ml_smem[1] = l_R
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(0, tg)], o_ref.at[b, h, p])
+      plgpu.copy_smem_to_gmem(ml_smem.at[0], m_ref.at[b, h, p])
+      plgpu.copy_smem_to_gmem(ml_smem.at[1], l_ref.at[b, h, p])
+      plgpu.wait_smem_to_gmem(0)
+
+    # The pipeline's buffers are free here: the output staging reuses their SMEM.
+    pl.run_scoped(store, plgpu.SMEM((R, H), jnp.float32), plgpu.SMEM((2, R), jnp.float32))
+
+  P = plan.splits
+  return plgpu.kernel(
+    kernel,
+    out_type=(
+      jax.ShapeDtypeStruct((B, K, P, tg, H), jnp.float32),
+      jax.ShapeDtypeStruct((B, K, P, R), jnp.float32),
+      jax.ShapeDtypeStruct((B, K, P, R), jnp.float32),
+    ),
+    grid=(K, P, B),
+    grid_names=("h", "p", "b"),
+    scratch_types=(
+      plgpu.SMEM((R, H), q_BKRH.dtype, transforms=mma_smem),
+      plgpu.SMEM((R,), jnp.int32),
+      plgpu.Barrier(num_arrivals=2),
+    ),
+  )(q_BKRH, k_BSKH, v_BSKH, limit_BR)
+
+
+def reference_partials(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningConfig):
+  """What the kernel writes, in jnp: per range p the unnormalized o [B, K, P, TG, H], and the row
+  max m and sum l [B, K, P, R] on the exp2 scale, with the kernel's masks and bf16 P."""
+  B, K, R, H = q_BKRH.shape
+  S = k_BSKH.shape[1]
+  plan = Plan.of(S, config)
+  bs = config.block_s
+  p_P = jnp.arange(plan.splits)
+  first_P = plan.first_block(p_P)
+  slot_PS = (first_P[:, None] + jnp.arange(plan.per)[None, :]) * bs
+  slot_PS = (slot_PS[:, :, None] + jnp.arange(bs)).reshape(plan.splits, plan.per * bs)
+  k_BPSKH, v_BPSKH = (c[:, slot_PS] for c in (k_BSKH, v_BSKH))
+  s_BKPRS = jnp.einsum("BKRH,BPSKH->BKPRS", q_BKRH, k_BPSKH, preferred_element_type=jnp.float32) * (
+    H**-0.5 * LOG2E
+  )
+  lo_P = p_P * plan.per * bs
+  visible = (slot_PS[None, :, None, :] >= lo_P[None, :, None, None]) & (
+    slot_PS[None, :, None, :] <= limit_BR[:, None, :, None]
+  )  # [B, P, R, S]
+  s_BKPRS = jnp.where(visible[:, None], s_BKPRS, MASKED)
+  m_BKPR = s_BKPRS.max(-1)
+  p_BKPRS = jnp.exp2(s_BKPRS - m_BKPR[..., None])
+  l_BKPR = p_BKPRS.sum(-1)
+  o_BKPRH = jnp.einsum(
+    "BKPRS,BPSKH->BKPRH", p_BKPRS.astype(v_BSKH.dtype), v_BPSKH, preferred_element_type=jnp.float32
+  )
+  return o_BKPRH[:, :, :, :tg], m_BKPR, l_BKPR
+
+
+def combine(o_BKPTH, m_BKPR, l_BKPR, T: int, dtype) -> jax.Array:
+  """Weighs each range by exp2(m - max m), normalizes, and puts rows back as [B, T, N, H]."""
+  B, K, _, tg, H = o_BKPTH.shape
+  m_BKPT, l_BKPT = m_BKPR[..., :tg], l_BKPR[..., :tg]
+  w_BKPT = jnp.exp2(m_BKPT - m_BKPT.max(axis=2, keepdims=True))
+  o_BKTH = (o_BKPTH * w_BKPT[..., None]).sum(2) / (l_BKPT * w_BKPT).sum(2)[..., None]
+  G = tg // T
+  return (
+    o_BKTH.reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, K * G, H).astype(dtype)
+  )
+
+
+def supported(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> bool:
+  """A GPU, one 16-bit dtype throughout, head_dim a multiple of 64 up to 256, S a multiple of 64,
+  and at most 128 query rows (T x G) per kv head."""
+  if jax.default_backend() != "gpu" or q_BTNH.ndim != 4 or k_BSKH.shape != v_BSKH.shape:
+    return False
+  if {q_BTNH.dtype, k_BSKH.dtype, v_BSKH.dtype} != {q_BTNH.dtype} or q_BTNH.dtype not in DTYPES:
+    return False
+  B, T, N, H = q_BTNH.shape
+  K = k_BSKH.shape[2]
+  return H % 64 == 0 and H <= 256 and k_BSKH.shape[1] % 64 == 0 and T * (N // K) <= 2 * ROW_TILE
+
+
+@functools.partial(jax.jit, static_argnames=("config", "partials"))
+def decode_attention(
+  q_BTNH, k_BSKH, v_BSKH, positions_BT, *, config: TuningConfig | None = None, partials=None
+):
+  """attend(q, k, v, positions) through the kernel (or `partials`, e.g. `reference_partials`)."""
+  B, T, N, H = q_BTNH.shape
+  K = k_BSKH.shape[2]
+  q_BKRH, tg = query_rows(q_BTNH, K)
+  R = q_BKRH.shape[2]
+  config = config or default_config(B, K, k_BSKH.shape[1], tg)
+  config.check(k_BSKH.shape[1], H)
+  limit_BR = row_limits(positions_BT, N // K, R)
+  o, m, l = (partials or _kernel_partials)(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg, config)
+  return combine(o, m, l, T, q_BTNH.dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Benchmark: `python3 -m kernels_pallas.decode_attention` on the GPU.
+
+
+def _chain(op):
+  """One call per layer's cache, so K/V stream from HBM rather than the 50 MB L2."""
+  return jax.jit(lambda q, ks, vs, pos: [op(q, k, v, pos) for k, v in zip(ks, vs, strict=True)])
+
+
+def bench_case(B, S, T, K, G, H, configs, layers: int, iterations: int) -> None:
+  """Prints CUPTI kernel time per layer-call (XLA's fusions around the kernel included) of the
+  kernel at each config and of `attend_xla`, and the kernel's error against f32 `attend_xla`."""
+  from kernels_pallas.nvfp4_gemv import _call_times_us
+  from specdec.models.transformer import attend_xla
+
+  keys = jax.random.split(jax.random.key(B * S + T), 3)
+  q = jax.random.normal(keys[0], (B, T, K * G, H), jnp.bfloat16)
+  ks, vs = (
+    [
+      jax.random.normal(jax.random.fold_in(key, i), (B, S, K, H), jnp.bfloat16)
+      for i in range(layers)
+    ]
+    for key in keys[1:]
+  )
+  pos = jnp.broadcast_to(S - T + jnp.arange(T, dtype=jnp.int32), (B, T))
+  args = (q, ks, vs, pos)
+  ref = attend_xla(*(a.astype(jnp.float32) for a in (q, ks[0], vs[0])), pos)
+  kv_mb = 2 * B * S * K * H * 2 / 1e6
+  t_xla = statistics.median(_call_times_us(_chain(attend_xla), args, layers, iterations))
+  for config in configs:
+    c = config or default_config(B, K, S, T * G)
+    head = f"B={B} S={S} T={T} K,G,H={K},{G},{H} cfg={c.block_s}/{c.splits}/{c.stages}"
+    try:
+      c.check(S, H)
+    except ValueError as e:
+      print(f"{head}: skipped ({e})")
+      continue
+    op = functools.partial(decode_attention, config=config)
+    err = float(jnp.linalg.norm(op(q, ks[0], vs[0], pos) - ref) / jnp.linalg.norm(ref))
+    t = statistics.median(_call_times_us(_chain(op), args, layers, iterations))
+    print(
+      f"{head} | kernel {t:6.1f} us ({kv_mb / t:.2f} TB/s) | XLA {t_xla:6.1f} us | "
+      f"x{t_xla / t:.2f} | rel_err {err:.1e}",
+      flush=True,
+    )
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--shape", default="8,4,128", help="K,G,H: kv heads, groups, head dim")
+  p.add_argument("--batches", default="1,8")
+  p.add_argument("--widths", default="1,5,16")
+  p.add_argument("--slots", default="1024,8192")
+  p.add_argument("--layers", type=int, default=16, help="caches cycled so K/V come from HBM")
+  p.add_argument("--configs", default="", help="block_s/splits/stages list (default: heuristic)")
+  p.add_argument("--iterations", type=int, default=5)
+  args = p.parse_args(argv)
+  K, G, H = map(int, args.shape.split(","))
+  configs = [None] + [TuningConfig(*map(int, c.split("/"))) for c in args.configs.split(",") if c]
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+  for b in args.batches.split(","):
+    for s in args.slots.split(","):
+      for t in args.widths.split(","):
+        bench_case(int(b), int(s), int(t), K, G, H, configs, args.layers, args.iterations)
+
+
+if __name__ == "__main__":
+  main()
