@@ -93,12 +93,12 @@ class Plan:
 
 
 def default_config(batch: int, kv_heads: int, slots: int, rows: int) -> TuningConfig:
-  """64-slot blocks; enough ranges for ~two CTAs per SM (at least 4), but at least two blocks per
-  range (one-block CTAs are all latency) and no more than S / (8 T G) ranges, above which the f32
-  partials cost more than the parallelism buys. From the H200 sweep in docs/benchmarks.md."""
-  blocks = slots // 64
-  want = max(4, -(-TARGET_CTAS // (batch * kv_heads)))
-  return TuningConfig(block_s=64, splits=max(1, min(want, blocks // 2, slots // (8 * rows))))
+  """64-slot blocks; as many ranges as keep the grid within one wave of two CTAs per SM (a partial
+  second wave measured slower: B = 8 at 8k, 4 ranges 64.9 us, 5 ranges 85.7), but at least two
+  blocks per range (one-block CTAs are all latency) and no more than S / (8 T G) ranges, above
+  which the f32 partials cost more than the parallelism buys. H200 sweep: docs/benchmarks.md."""
+  want = max(1, TARGET_CTAS // (batch * kv_heads))
+  return TuningConfig(block_s=64, splits=max(1, min(want, slots // 128, slots // (8 * rows))))
 
 
 def query_rows(q_BTNH: jax.Array, kv_heads: int) -> tuple[jax.Array, int]:

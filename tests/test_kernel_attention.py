@@ -82,7 +82,7 @@ def test_default_config_follows_the_measured_sweep():
   # H200, 2026-11-30 (docs/benchmarks.md): the best of the configs measured per case.
   assert da.default_config(1, 8, 1024, 4) == da.TuningConfig(64, 8)
   assert da.default_config(1, 8, 8192, 4) == da.TuningConfig(64, 33)  # 32 ranges of 4 blocks
-  assert da.default_config(8, 8, 8192, 4) == da.TuningConfig(64, 5)  # 4 measured best, 8 next
+  assert da.default_config(8, 8, 8192, 4) == da.TuningConfig(64, 4)  # 256 CTAs: one wave
   assert da.default_config(1, 8, 8192, 64) == da.TuningConfig(64, 16)  # 16-token verify
   assert da.default_config(1, 8, 128, 4) == da.TuningConfig(64, 1)
 
