@@ -28,9 +28,10 @@ and the f32 summation order: relative error ~2e-3 against an f32 reference, as `
 Measured (H200, 2026-11-30, docs/benchmarks.md session 5): per layer-call on the Qwen3-8B shape
 (wall clock, launch gaps included) 10.9 / 9.5 / 13.9 us at 1k context for 1 / 4 / 16 queries
 (XLA's einsum 12.2 / 20.0 / 20.3, cuDNN 11.6 / 30.8 / 30.5) and 19.7 / 19.7 / 20.2 us at 8k (XLA
-24.0 / 27.8 / 44.7); B = 8 at 8k reads K/V at 4.06 TB/s. In the decode step it saves 0.7-3.0% at
-B = 1 and 3.6-15% at B = 8 (bf16), up to 19% with NVFP4 weights. At B = 1 and 1k the kernel is
-latency (4 MB per layer over 64 CTAs of two blocks each): ~4.9 us in the step.
+24.0 / 27.8 / 44.7); B = 8 at 8k reads K/V at 4.14 TB/s. In the bf16 decode step it saves 0.7-3.0%
+at B = 1 and 6-18% at B = 8 (8k: 8290 -> 6804 us, 86% of the roofline), up to 19% with NVFP4
+weights. At B = 1 and 1k the kernel is latency (4 MB per layer over 64 CTAs of two blocks each):
+~4.9 us in the step.
 
 Testing without a GPU. The Pallas GPU interpreter has no wgmma, so on a CPU the tests check the
 lowering for the cuda platform (the Mosaic GPU dialect lowering runs there), the plan, and
