@@ -90,6 +90,11 @@ class TuningConfig(nv.TuningConfig):
 
   k_step: ClassVar[int] = TILE_K
 
+  def check(self, m: int, k: int, n: int) -> None:
+    super().check(m, k, n)
+    if self.lines != 1:
+      raise ValueError(f"lines={self.lines}: the FP8 kernel streams one code line per step")
+
 
 def default_config(m: int, k: int, n: int) -> TuningConfig:
   """NVFP4's row balancing: its only use of K is divisibility by its step of 256 k, which holds
@@ -430,13 +435,7 @@ def main(argv=None) -> None:
     print("CHECK FAILED", flush=True)
   if args.mode == "check":
     return
-  configs = [
-    TuningConfig(int(t), int(s), int(sk))
-    for t in args.tile_n.split(",")
-    if t
-    for s in args.stages.split(",")
-    for sk in args.split_k.split(",")
-  ]
+  configs = nv.bench_configs(args, TuningConfig)
   shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
   print(TABLE_HEAD, flush=True)
   rows = bench(shapes, [int(m) for m in args.ms.split(",")], args.copies, args.iterations, configs)

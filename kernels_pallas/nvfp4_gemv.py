@@ -175,15 +175,20 @@ class TuningConfig:
   tile_n: int = 112  # output features per CTA, a multiple of 16 (16 per mma row block)
   max_concurrent_steps: int = 4  # TMA pipeline depth (K steps in flight)
   split_k: int = 1  # CTAs along K; > 1 writes f32 partials that XLA sums
-  k_step: ClassVar[int] = TILE_K  # k per pipeline step (fp8_gemv's subclass: 128)
+  # 128-byte code lines per row and pipeline step, one TMA copy each: a step covers lines x k_step
+  # k, so the per-step waits and pipeline bookkeeping are paid once per `lines` lines.
+  lines: int = 1
+  k_step: ClassVar[int] = TILE_K  # k per code line (fp8_gemv's subclass: 128)
 
   def check(self, m: int, k: int, n: int) -> None:
     if not 1 <= m <= M_MAX:
       raise ValueError(f"{m=} must be in [1, {M_MAX}]")
     if self.tile_n % BLOCK_ROWS or not BLOCK_ROWS <= self.tile_n <= min(n, 256):
       raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, min({n=}, 256)]")
-    if k % (self.k_step * self.split_k):
-      raise ValueError(f"{k=} must be divisible by {self.k_step} * split_k={self.split_k}")
+    if self.lines < 1 or k % (self.k_step * self.lines * self.split_k):
+      raise ValueError(
+        f"{k=} must be divisible by {self.k_step} * lines={self.lines} * split_k={self.split_k}"
+      )
 
 
 def _per_sm_rows(n: int, tile_n: int, split_k: int, num_sms: int) -> float:
@@ -255,9 +260,17 @@ def x_offset(n, chunk, half, u):
   return n * 512 + (chunk << 6) + (half << 5) + (u << 4)
 
 
-def _step(ops, nb: int, nt: int, m: int, w_buf, s_buf, x_buf, acc, order: BitOrder):
-  """One K step of 256 for one warp's quarter of it; `acc[b, j]` are 4 f32 C-fragment values
-  for row block b (rows 16 b + g, + 8) and token tile j."""
+def _step(ops, nb: int, nt: int, m: int, line_bufs, acc, order: BitOrder):
+  """One pipeline step: for each (codes, scales, x) buffer triple of `line_bufs` (256 k each, own
+  SMEM buffers, so every line has the one-line layout and its bank behaviour) this warp's quarter
+  of its k; `acc[b, j]` are 4 f32 C-fragment values for row block b (rows 16 b + g, + 8) and token
+  tile j. The slot is released after the last line's reads."""
+  for line, (w_buf, s_buf, x_buf) in enumerate(line_bufs):
+    acc = _line(ops, nb, nt, m, w_buf, s_buf, x_buf, acc, order, line == len(line_bufs) - 1)
+  return acc
+
+
+def _line(ops, nb, nt, m, w_buf, s_buf, x_buf, acc, order: BitOrder, last: bool):
   warp, g, q = _lanes(ops.tid)
   chunk, half = _k_chunk(warp, q)
   words, sbytes = {}, {}
@@ -277,7 +290,8 @@ def _step(ops, nb: int, nt: int, m: int, w_buf, s_buf, x_buf, acc, order: BitOrd
         ops.prmt(x1, x3, PAIR_LO),
         ops.prmt(x1, x3, PAIR_HI),
       )
-  ops.release()  # every SMEM read of this slot is done; the pipeline may refill it
+  if last:
+    ops.release()  # every SMEM read of this slot is done; the pipeline may refill it
   for b in range(nb):
     splats = ops.scale_splats(sbytes[b, 0] | (sbytes[b, 1] << 8))
     for u in range(2):
@@ -494,13 +508,15 @@ def emulate(x_MK, w: NVFP4Weight, config: TuningConfig | None = None) -> np.ndar
   config.check(m, k, n)
   tn = config.tile_n
   nb, nt = tn // BLOCK_ROWS, 1 if m <= 8 else 2
-  packed = np.asarray(w.packed_NP).reshape(n, k // TILE_K, TILE_K // 2)
-  scales = np.asarray(w.scales_NG).view(np.uint8).reshape(n, k // TILE_K, TILE_K // GROUP)
-  x = np.asarray(x_MK.astype(ml_dtypes.bfloat16)).reshape(m, k // TILE_K, TILE_K)
+  L = config.lines
+  packed = np.asarray(w.packed_NP).reshape(n, k // TILE_K // L, L, TILE_K // 2)
+  scales = np.asarray(w.scales_NG).view(np.uint8)
+  scales = scales.reshape(n, k // TILE_K // L, L, TILE_K // GROUP)
+  x = np.asarray(x_MK.astype(ml_dtypes.bfloat16)).reshape(m, k // TILE_K // L, L, TILE_K)
   g_N = np.asarray(w.global_scale_N, np.float32)
   ops = _NumpyOps()
   out = np.zeros((config.split_k, m, n), np.float32)
-  steps = k // TILE_K // config.split_k
+  steps = k // TILE_K // L // config.split_k
   stages = min(config.max_concurrent_steps, steps)
   for blk in range(math.ceil(n / tn)):
     rows = slice(_row_start(blk, n, tn), _row_start(blk, n, tn) + tn)
@@ -510,10 +526,15 @@ def emulate(x_MK, w: NVFP4Weight, config: TuningConfig | None = None) -> np.ndar
       }
       for step in range(split * steps, (split + 1) * steps):
         slot = (step - split * steps) % stages
-        w_buf = _SmemImage(packed[rows, step], slot * packed[rows, step].nbytes, swizzled=True)
-        s_buf = _SmemImage(scales[rows, step], slot * scales[rows, step].nbytes, swizzled=False)
-        x_buf = _SmemImage(x[:, step], slot * x[:, step].nbytes, swizzled=True)
-        acc = _step(ops, nb, nt, m, w_buf, s_buf, x_buf, acc, w.bit_order)
+        line_bufs = [
+          (
+            _SmemImage(packed[rows, step, j], slot * packed[rows, step, j].nbytes, swizzled=True),
+            _SmemImage(scales[rows, step, j], slot * scales[rows, step, j].nbytes, swizzled=False),
+            _SmemImage(x[:, step, j], slot * x[:, step, j].nbytes, swizzled=True),
+          )
+          for j in range(L)
+        ]
+        acc = _step(ops, nb, nt, m, line_bufs, acc, w.bit_order)
       red = np.full((4, tn, 8 * nt), np.nan, np.float32)
       _epilogue(ops, nb, nt, m, acc, red, g_N[rows], out[split][:, rows], w.global_divides)
   return out.sum(0)
@@ -786,28 +807,29 @@ def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax
   m, k = x_MK.shape
   n = w.shape[1]
   config.check(m, k, n)
-  tn, splits = config.tile_n, config.split_k
+  tn, splits, L = config.tile_n, config.split_k, config.lines
   nb, nt = tn // BLOCK_ROWS, 1 if m <= 8 else 2
-  steps = k // TILE_K // splits
+  steps = k // TILE_K // L // splits
   acc_shape = (64 * nb, 8 * nt)
   acc_type = plgpu.ShapeDtypeStruct(acc_shape, jnp.float32, layout=plgpu.Layout.WGMMA)
 
   @plgpu.inline_mgpu(
     arg_types=(
-      plgpu.RefType(_SWIZZLED),
-      plgpu.RefType(),
-      plgpu.RefType(_SWIZZLED),
+      *(plgpu.RefType(_SWIZZLED), plgpu.RefType(), plgpu.RefType(_SWIZZLED)) * L,
       plgpu.Layout.WGMMA,
     ),
     return_type=acc_type,
   )
-  def step(ctx, w_ref, s_ref, x_ref, acc_fa):
+  def step(ctx, *refs):
     del ctx
+    *line_refs, acc_fa = refs
     ops = _MlirOps()
-    w_buf = ops.smem(w_ref, tn * TILE_K // 2)
-    s_buf = ops.smem(s_ref, 1024)  # never swizzled
-    x_buf = ops.smem(x_ref, m * TILE_K * 2)
-    acc = _step(ops, nb, nt, m, w_buf, s_buf, x_buf, _acc_unpack(acc_fa, nb, nt), w.bit_order)
+    line_bufs = [
+      # Scales are never swizzled, so their slot size does not matter.
+      (ops.smem(w_ref, tn * TILE_K // 2), ops.smem(s_ref, 1024), ops.smem(x_ref, m * TILE_K * 2))
+      for w_ref, s_ref, x_ref in zip(*[iter(line_refs)] * 3, strict=True)
+    ]
+    acc = _step(ops, nb, nt, m, line_bufs, _acc_unpack(acc_fa, nb, nt), w.bit_order)
     return _acc_pack(acc, acc_fa, nb, nt)
 
   @plgpu.inline_mgpu(
@@ -823,21 +845,25 @@ def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax
     rows = pl.ds(jnp.minimum(jax.lax.axis_index("n") * tn, n - tn), tn)
     k0 = jax.lax.axis_index("k") * steps
 
-    def body(_, w_smem, s_smem, x_smem, acc):
-      return step(w_smem, s_smem, x_smem, acc)
+    def body(_, *smem_and_acc):
+      return step(*smem_and_acc)
 
+    specs = []
+    for j in range(L):  # line j of step i is 256-k line (k0 + i) L + j
+      line = lambda i, j=j: (0, (k0 + i) * L + j, 0)  # noqa: E731
+      specs += [
+        plgpu.BlockSpec((tn, 1, TILE_K // 2), line, transforms=_SWIZZLED),
+        plgpu.BlockSpec((tn, 1, TILE_K // GROUP), line),
+        plgpu.BlockSpec((m, TILE_K // 64, 64), line, transforms=_SWIZZLED),
+      ]
     pipeline = plgpu.emit_pipeline(
       body,
       grid=(steps,),
-      in_specs=[
-        plgpu.BlockSpec((tn, 1, TILE_K // 2), lambda i: (0, k0 + i, 0), transforms=_SWIZZLED),
-        plgpu.BlockSpec((tn, 1, TILE_K // GROUP), lambda i: (0, k0 + i, 0)),
-        plgpu.BlockSpec((m, TILE_K // 64, 64), lambda i: (0, k0 + i, 0), transforms=_SWIZZLED),
-      ],
+      in_specs=specs,
       max_concurrent_steps=min(config.max_concurrent_steps, steps),
       init_carry=plgpu.layout_cast(jnp.zeros(acc_shape, jnp.float32), plgpu.Layout.WGMMA),
     )
-    acc = pipeline(w_gmem.at[rows], s_gmem.at[rows], x_gmem)
+    acc = pipeline(*(w_gmem.at[rows], s_gmem.at[rows], x_gmem) * L)
     out = o_gmem.at[:, rows] if splits == 1 else o_gmem.at[jax.lax.axis_index("k"), :, rows]
     # The pipeline's buffers are free again here, so the reduction scratch reuses their SMEM.
     pl.run_scoped(
@@ -990,6 +1016,7 @@ def bench_shape(
 def _format_row(r: dict) -> str:
   head = f"M={r['m']:2d} KxN={r['k']}x{r['n']} tile_n={r['config'].tile_n} "
   head += f"stages={r['config'].max_concurrent_steps} split_k={r['config'].split_k} "
+  head += f"lines={r['config'].lines} "
   head += f"order={r.get('order', '-')}"
   xla = f"XLA bf16 {r['xla_us']:7.1f} us {r['xla_tbs']:.2f} TB/s"
   if "error" in r:
@@ -1021,7 +1048,12 @@ def check_against(matmul, ref, x_MK, w, config, bound: float = 1e-2) -> tuple[bo
 def check(ms, k: int = 4096, n: int = 1024) -> bool:
   """The kernel against `reference` on the GPU, default config and a split-K one; prints errors."""
   ok = True
-  for config, order in ((None, "kernel"), (TuningConfig(48, 2, 2), "checkpoint")):
+  cases = (
+    (None, "kernel"),
+    (TuningConfig(48, 2, 2), "checkpoint"),
+    (TuningConfig(112, 2, 1, 2), "kernel"),
+  )
+  for config, order in cases:
     for m in ms:
       w = random_weight(jax.random.key(m), k, n)
       w = NVFP4Weight(w.packed_NP, w.scales_NG, w.global_scale_N, m % 2 == 0).in_order(order)
@@ -1046,9 +1078,23 @@ def bench_parser(doc: str) -> argparse.ArgumentParser:
   return p
 
 
+def bench_configs(args, config_cls, lines: str = "1") -> list:
+  """The tuning configs a bench's flags sweep (tile_n x stages x split_k x lines); none when
+  --tile_n is empty (the heuristic's then)."""
+  return [
+    config_cls(int(t), int(s), int(sk), int(li))
+    for t in args.tile_n.split(",")
+    if t
+    for s in args.stages.split(",")
+    for sk in args.split_k.split(",")
+    for li in lines.split(",")
+  ]
+
+
 def main(argv=None) -> None:
   p = bench_parser(__doc__)
   p.add_argument("--orders", default="kernel", help="bit orders of the codes to sweep")
+  p.add_argument("--lines", default="1", help="code lines per pipeline step to sweep")
   args = p.parse_args(argv)
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
   if args.mode in ("check", "all"):
@@ -1058,25 +1104,16 @@ def main(argv=None) -> None:
   rows = []
   for shape in args.shapes.split(","):
     k, n = map(int, shape.split("x"))
-    configs = [
-      TuningConfig(int(t), int(s), int(sk))
-      for t in args.tile_n.split(",")
-      if t
-      for s in args.stages.split(",")
-      for sk in args.split_k.split(",")
-    ]
+    configs = bench_configs(args, TuningConfig, args.lines)
     ms = [int(m) for m in args.ms.split(",")]
     orders = tuple(args.orders.split(","))
     rows += bench_shape(k, n, ms, args.copies, args.iterations, configs, orders)
-  print(
-    "\n| M | K x N | tile_n/stages/split_k/order | us | TB/s | % of 4.24 | XLA bf16 us | XLA TB/s ",
-    end="",
-  )
-  print("| XLA time / kernel time | compile s |")
+  print("\n| M | K x N | tile_n/stages/split_k/lines/order | us | TB/s | % of 4.24 ", end="")
+  print("| XLA bf16 us | XLA TB/s | XLA time / kernel time | compile s |")
   print("|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     c = r["config"]
-    cfg = f"{c.tile_n}/{c.max_concurrent_steps}/{c.split_k}/{r['order']}"
+    cfg = f"{c.tile_n}/{c.max_concurrent_steps}/{c.split_k}/{c.lines}/{r['order']}"
     if "error" in r:
       print(f"| {r['m']} | {r['k']}x{r['n']} | {cfg} | FAILED | | | {r['xla_us']:.1f} | | | |")
       continue

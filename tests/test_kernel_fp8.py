@@ -115,6 +115,8 @@ def test_bad_shapes_are_rejected():
     kern.TuningConfig(120).check(1, 512, 192)
   with pytest.raises(ValueError, match="divisible by 128"):
     kern.TuningConfig().check(1, 320, 128)
+  with pytest.raises(ValueError, match="lines=2: the FP8 kernel streams one code line"):
+    kern.TuningConfig(lines=2).check(1, 512, 128)
   w = weight(256, 64)
   with pytest.raises(ValueError, match="x_MK has K=128"):
     kern.fp8_matmul(jnp.ones((1, 128), jnp.bfloat16), w)

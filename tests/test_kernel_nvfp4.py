@@ -9,6 +9,8 @@ call for the cuda platform. `-m gpu` runs the kernel itself (needs JAX_PLATFORMS
 defaults to cpu).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -110,6 +112,8 @@ def test_prmt_pairs_k_and_k_plus_4():
     (8, 768, 256, kern.TuningConfig(128, 2, split_k=3), False, "kernel"),
     (13, 512, 120, kern.TuningConfig(16, 3, split_k=2), True, "checkpoint"),
     (16, 1024, 200, None, False, "kernel"),
+    (1, 1024, 256, kern.TuningConfig(112, 2, lines=2), False, "kernel"),  # two lines per step
+    (9, 1536, 144, kern.TuningConfig(48, 3, split_k=2, lines=3), True, "checkpoint"),
   ],
 )
 def test_emulated_kernel_matches_reference(m, k, n, config, divides, order):
@@ -128,6 +132,11 @@ def test_shared_memory_reads_are_conflict_free(m, tile_n):
   for base in (0, 512):  # x slots of odd M start at 512-byte offsets
     got = kern.bank_conflicts(kern.TuningConfig(tile_n), m, slot_base=base)
     assert got == {"w": 0, "s": 0, "x": 4 * x_reads}  # 4 phases, one extra wavefront each
+
+
+def test_lines_must_divide_k():
+  with pytest.raises(ValueError, match="lines=3"):
+    kern.TuningConfig(112, lines=3).check(1, 1024, 256)
 
 
 def test_conflict_checker_sees_unswizzled_reads(monkeypatch):
@@ -151,10 +160,11 @@ def test_default_config_balances_the_chip():
   "m,k,n,order",
   [(1, 8192, 28672, "kernel"), (16, 5120, 17408, "checkpoint"), (5, 4096, 4096, "kernel")],
 )
-def test_kernel_lowers_for_cuda_on_cpu(m, k, n, order):
+@pytest.mark.parametrize("lines", [1, 2])
+def test_kernel_lowers_for_cuda_on_cpu(m, k, n, order, lines):
   w = jax.eval_shape(lambda: kern.random_weight(jax.random.key(0), k, n).in_order(order))
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
-  config = kern.default_config(m, k, n)
+  config = dataclasses.replace(kern.default_config(m, k, n), lines=lines, max_concurrent_steps=2)
   fn = jax.jit(lambda x, w: kern._mosaic_matmul(x, w, config))
   text = jax.export.export(fn, platforms=["cuda"])(x, w).mlir_module()
   assert "mosaic_gpu" in text
@@ -181,7 +191,12 @@ def test_bad_shapes_are_rejected():
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 15, 16])
 @pytest.mark.parametrize(
-  "k,n,config", [(4096, 1024, None), (1024, 512, kern.TuningConfig(64, 2, 2))]
+  "k,n,config",
+  [
+    (4096, 1024, None),
+    (1024, 512, kern.TuningConfig(64, 2, 2)),
+    (2048, 400, kern.TuningConfig(112, 2, lines=2)),
+  ],
 )
 @pytest.mark.parametrize("order", ORDERS)
 def test_kernel_matches_reference_on_gpu(m, k, n, config, order):
