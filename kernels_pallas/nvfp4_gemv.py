@@ -74,9 +74,12 @@ warps per scheduler cannot cover it. More warps were measured not to help: small
 per SM; tile sweep in docs/benchmarks.md) cost as much per-warp work as they hide, and a
 warp-specialized version (two compute warpgroups sharing each SMEM stage plus a TMA warpgroup,
 `plgpu.emit_pipeline_warp_specialized`; correct on the GPU) ran slower: 46.3 us on 8192x28672 at
-tile 128 (53.4 at 96, 56.5 at 64) and 24.9 us on 5120x17408 at tile 96. It was removed. What is
-left: fewer dependent steps per word (the scale splat and x pairing), or a wider step per CTA
-(TILE_K = 512: half the per-step waits).
+tile 128 (53.4 at 96, 56.5 at 64) and 24.9 us on 5120x17408 at tile 96. It was removed. A wider step
+(`TuningConfig.lines` = 2: two 256-k code lines per pipeline step, each in its own buffers) halves
+the per-step waits: 5-8% faster on 5120x17408 (48 rows per CTA; M = 1 18.4-18.6 -> 17.2-17.3 us,
+2.90-2.92 TB/s), no change on 8192x28672 (112 rows; 39.9 vs 39.6-40.3 us), so `default_config`
+uses it for tiles of at most 4 row blocks. What is left: fewer dependent instructions per word
+(the scale splat is ~8 per row block and step, 4 of them conversions).
 
 Bank conflicts. With the 128B swizzle (16-byte chunk c of a 128-byte line is stored at c ^ line%8)
 the code reads (8 B per lane, chunks w and w + 4 of each row line) and scale reads are conflict-
@@ -206,6 +209,12 @@ def default_config(m: int, k: int, n: int, num_sms: int = NUM_SMS) -> TuningConf
   included): 12288x4096 as 128 CTAs of 32 rows 17.1 us, split 4 ways 13.7 us; 4096x4096 6.7 ->
   6.2 us; 4096x6144 (48 rows) 9.0 -> 8.6 us. Splitting 4096x24576 (256 CTAs, two per SM) in 2
   made it slower (21.3 -> 26.1 us), hence the one-CTA-per-SM condition.
+
+  An unsplit plan of at most 4 row blocks per CTA streams two code lines per step through two
+  stages (`lines`): with few rows a step's fixed waits are a larger share. Measured (same bench,
+  two runs): 5120x17408 (48 rows) M = 1 / 8 / 16 18.4-18.6 / 18.9 / 21.2 -> 17.2-17.3 / 17.4 /
+  20.3 us; 8192x28672 (112 rows) unchanged within noise (M = 1 39.6-40.3 either way, M = 16
+  44.2-45.2 -> 44.8), so larger tiles keep one line.
   """
   del m
   best = None
@@ -224,6 +233,8 @@ def default_config(m: int, k: int, n: int, num_sms: int = NUM_SMS) -> TuningConf
     for split in (4, 2):
       if k % (TILE_K * split) == 0 and k // (TILE_K * split) >= 4:
         return dataclasses.replace(config, split_k=split)
+  if config.split_k == 1 and config.tile_n <= 4 * BLOCK_ROWS and k % (2 * TILE_K) == 0:
+    return dataclasses.replace(config, lines=2, max_concurrent_steps=2)
   return config
 
 
