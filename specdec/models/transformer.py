@@ -124,7 +124,8 @@ def write_cache(cache_BSKH, new_BTKH, positions_BT, scale=1.0):
 
 
 def attention_path() -> str:
-  """ "xla" when SPECDEC_ATTENTION=xla forces `attend_xla`, else "auto" (result rows record it)."""
+  """The attention path result rows record: "xla" when SPECDEC_ATTENTION=xla forces `attend_xla`,
+  else "auto" (the kernel where `attend` can use it)."""
   return "xla" if os.environ.get("SPECDEC_ATTENTION", "") == "xla" else "auto"
 
 
