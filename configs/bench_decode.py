@@ -90,9 +90,9 @@ def get_config(preset: str = ""):
       xla_flags=("", "--xla_gpu_enable_command_buffer="),
     )
   )
-  # Decode arms (XLA_FLAGS, fuse q/k/v and gate/up): why is a one-row (M = 1) step slower than an
-  # 8-row one, and what do fused projections save? Hypotheses: XLA's dot merger concatenates
-  # small sibling weights (k/v_proj) at run time; its GEMM choice (Triton vs cuBLAS) at M = 1.
+  # Decode arms (XLA_FLAGS, fuse q/k/v and gate/up[, attention path "auto" | "xla"]), a process
+  # per leg and arm, interleaved. Session 3 asked what fused projections and XLA's GEMM choices
+  # save (docs/benchmarks.md); now: the attention kernel against XLA's einsum, same flags.
   c.flags = ml_collections.ConfigDict(
     dict(
       shape="qwen3_8b",
@@ -100,12 +100,7 @@ def get_config(preset: str = ""):
       batch=1,
       context=1024,
       legs=2,
-      arms=(
-        ("", False),
-        ("", True),
-        ("--xla_gpu_dot_merger_threshold_mb=0", False),
-        ("--xla_gpu_enable_triton_gemm=false", False),
-      ),
+      arms=(("", True, "auto"), ("", True, "xla")),
     )
   )
   c.compile = ml_collections.ConfigDict(
@@ -137,4 +132,4 @@ def _tiny(c):
   c.compile.update(shape="tiny", context=16)
   c.profile.update(shape="tiny", formats=("bf16",), context=16)
   c.flags.update(shape="tiny", context=16, legs=1)
-  c.flags.arms = (("", True), ("--xla_gpu_enable_triton_gemm=false", False))
+  c.flags.arms = (("", True, "xla"), ("--xla_gpu_enable_triton_gemm=false", False))

@@ -1,7 +1,8 @@
 """Decode speed of large random targets and what bounds it (issue 9): step time, tok/s, bytes read
 and % of the HBM roofline per (shape, format, B, context); verify width; attention over the cache
-(XLA einsum / XLA SDPA / cuDNN); loop overhead with and without XLA command buffers; decode under
-XLA_FLAGS arms; cold and cached compile; the decode step's kernels from a profiler trace. Models
+(XLA einsum / the attention kernel / XLA SDPA / cuDNN); loop overhead with and without XLA command
+buffers; decode under arms of XLA_FLAGS, fused projections and attention path (kernel or XLA),
+legs interleaved; cold and cached compile; the decode step's kernels from a profiler trace. Models
 decode with fused q/k/v and gate/up unless --config.fuse=False. Prints Markdown tables; one JSON
 row per cell in --out/results.jsonl.
 

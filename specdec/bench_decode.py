@@ -10,6 +10,8 @@ Parts, each returning result rows (dicts) that carry their own conditions:
              mask only; see `attention_op`)
   loop       `bench.time_step` (k = 4 ngram), the empty loop's per-iteration slope and fixed cost,
              and the copies in its optimized HLO; one subprocess per XLA_FLAGS arm
+  flags      one decode cell per arm (XLA_FLAGS, fused projections, attention path "auto" | "xla"),
+             a subprocess per leg and arm, arms interleaved
   compile    lower + compile of the decode chunk in a fresh process, cold and then from the
              persistent compilation cache (a second fresh process)
   profile    the decode step's device kernels from a profiler trace (specdec.gpu_profile): time
@@ -64,6 +66,7 @@ from specdec.results import append_row, environment_fields
 
 PARTS = ("copy", "decode", "verify", "attention", "loop", "flags", "compile", "profile")
 ATTENTION_IMPLS = ("xla", "pallas", "xla_sdpa", "cudnn", "cudnn_seqlen")
+ATTENTION_PATHS = ("auto", "xla")  # the model's, per flags arm (transformer.attention_path)
 COPY_CEILING_TBS = 4.24  # DESIGN.md section 9: torch device-to-device copy on the H200
 # Issue 9's bars, as a fraction of COPY_CEILING_TBS, for B = 1 decode.
 BARS = {"bf16": 0.85, "nvfp4": 0.70}
@@ -367,11 +370,21 @@ def decode_child(
 _CHILDREN = {"loop": loop_overhead, "compile": compile_time, "flags": decode_child}
 
 
-def run_child(kind: str, kwargs: dict, xla_flags: str | None = None, timeout=None) -> dict:
-  """Runs _CHILDREN[kind](**kwargs) in a fresh Python process (its own XLA flags and caches)."""
+def flags_arm(arm) -> tuple[str, bool, str]:
+  """(xla_flags, fuse, attention) of a flags arm; two-element arms keep the default "auto"."""
+  return (*arm, "auto") if len(arm) == 2 else tuple(arm)
+
+
+def run_child(
+  kind: str, kwargs: dict, xla_flags: str | None = None, timeout=None, attention: str | None = None
+) -> dict:
+  """Runs _CHILDREN[kind](**kwargs) in a fresh Python process (its own XLA flags and caches);
+  attention "xla" sets SPECDEC_ATTENTION=xla there, "auto" clears it (None: inherited)."""
   env = dict(os.environ)
   if xla_flags is not None:
     env["XLA_FLAGS"] = xla_flags
+  if attention is not None:
+    env["SPECDEC_ATTENTION"] = "xla" if attention == "xla" else ""
   spec = json.dumps({"kind": kind, "kwargs": kwargs})
   p = subprocess.run(
     [sys.executable, "-m", "specdec.bench_decode", spec],
@@ -455,7 +468,13 @@ def validate(cfg) -> None:
       raise BenchConfigError(
         f"attention impls {gpu_only} need a GPU; drop them from attention.impls"
       )
-  arm_flags = [flags for flags, _ in cfg.flags.arms]
+  for arm in cfg.flags.arms:
+    if len(arm) not in (2, 3) or flags_arm(arm)[2] not in ATTENTION_PATHS:
+      raise BenchConfigError(
+        f"flags.arms entry {arm!r}: want (xla_flags, fuse) or (xla_flags, fuse, attention) with "
+        f"attention in {ATTENTION_PATHS}"
+      )
+  arm_flags = [flags_arm(arm)[0] for arm in cfg.flags.arms]
   for sub, entries in (("loop.xla_flags", cfg.loop.xla_flags), ("flags.arms", arm_flags)):
     for flags in entries:
       if flags and not all(f.startswith("--") for f in flags.split()):
@@ -479,7 +498,8 @@ class Runner:
     self.copy_tbs = None
 
   def emit(self, row: dict) -> None:
-    row = append_row(self.out / "results.jsonl", {**row, **self.env}, validate=False)
+    # A row's own fields win: a flags arm's `attention` is its child's, not this process's.
+    row = append_row(self.out / "results.jsonl", {**self.env, **row}, validate=False)
     self.rows.append(row)
     print(json.dumps(row), flush=True)
 
@@ -610,12 +630,12 @@ class Runner:
     )
 
   def _flags(self):
-    """One decode cell per arm (XLA_FLAGS, projections fused or not), a process per (leg, arm),
-    arms interleaved."""
+    """One decode cell per arm (XLA_FLAGS, projections fused or not, attention path), a process
+    per (leg, arm), arms interleaved."""
     f = self.cfg.flags
     kwargs = dict(self._cell_kwargs(f), reps=self.cfg.reps)
     for leg in range(f.legs):
-      for flags, fuse in f.arms:
+      for flags, fuse, attention in map(flags_arm, f.arms):
         cond = {
           "part": "flags",
           **self._shape_row(f.shape, f.format),
@@ -623,12 +643,13 @@ class Runner:
           "context": f.context,
           "leg": leg,
           "xla_flags": flags,
+          "attention": attention,
         }
         cond["fused"] = bool(fuse)  # the arm's, not cfg.fuse
-        self.guarded(cond, self._flags_cell, {**kwargs, "fuse": bool(fuse)}, flags)
+        self.guarded(cond, self._flags_cell, {**kwargs, "fuse": bool(fuse)}, flags, attention)
 
-  def _flags_cell(self, kwargs: dict, flags: str) -> dict:
-    row = self._child("flags", kwargs, flags)
+  def _flags_cell(self, kwargs: dict, flags: str, attention: str) -> dict:
+    row = run_child("flags", kwargs, flags, timeout=self.budget.left(), attention=attention)
     row["pct_of_4_24"] = 100 * row["tb_s"] / COPY_CEILING_TBS
     return row
 
@@ -796,12 +817,13 @@ def markdown(rows: list[dict]) -> str:
   if by("flags"):
     out += _section(
       "Decode step per arm (a process per leg and arm, arms interleaved)",
-      "| XLA_FLAGS | fused q/k/v, gate/up | shape | format | B | ctx | leg | step us (min-max) "
-      "| tok/s | % of 4.24 |",
-      "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+      "| XLA_FLAGS | fused q/k/v, gate/up | attention | shape | format | B | ctx | leg "
+      "| step us (min-max) | tok/s | % of 4.24 |",
+      "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|",
       by("flags"),
       lambda r: (
-        f"| {_flags_label(r)} | {'yes' if r['fused'] else 'no'} | {r['shape']} | "
+        f"| {_flags_label(r)} | {'yes' if r['fused'] else 'no'} | {r.get('attention', 'auto')} | "
+        f"{r['shape']} | "
         f"{r['format']} | {r['batch']} | {r['context']} | {r['leg']} |"
       ),
       lambda r: f"{_fmt_us(r)} | {r['tok_s']:.1f} | {r['pct_of_4_24']:.1f}% |",

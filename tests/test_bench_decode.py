@@ -128,6 +128,7 @@ def test_empty_loop_copies_its_state_once_not_per_iteration():
     (dict(loop=dict(xla_flags=("xla_gpu_enable_command_buffer=",))), "must start with '--'"),
     (dict(loop=dict(slope_n=(8, 4))), "two increasing trip counts"),
     (dict(flags=dict(arms=(("", True), ("xla_gpu_enable_triton_gemm=", False)))), "flags.arms"),
+    (dict(flags=dict(arms=(("", True, "cudnn"),))), r"attention in \('auto', 'xla'\)"),
     (dict(flags=dict(legs=0)), "flags.legs"),
     (dict(flags=dict(context=4)), "flags: context 4 is too small"),
   ],
@@ -164,8 +165,8 @@ def test_experiment_runs_every_part_on_the_tiny_preset(tmp_path):
     "flags"
   ] * 2 + ["compile"] * 2 + ["profile"]
 
-  arms = [(r["xla_flags"], r["fused"]) for r in rows if r["part"] == "flags"]
-  assert arms == [("", True), ("--xla_gpu_enable_triton_gemm=false", False)]
+  arms = [(r["xla_flags"], r["fused"], r["attention"]) for r in rows if r["part"] == "flags"]
+  assert arms == [("", True, "xla"), ("--xla_gpu_enable_triton_gemm=false", False, "auto")]
 
   decode = [r for r in rows if r["part"] == "decode"]
   assert [r["format"] for r in decode] == list(bench_decode.FORMATS)
