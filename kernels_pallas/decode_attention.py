@@ -286,7 +286,7 @@ def _chain(op):
 def bench_case(B, S, T, K, G, H, configs, layers: int, iterations: int) -> None:
   """Prints CUPTI kernel time per layer-call (XLA's fusions around the kernel included) of the
   kernel at each config and of `attend_xla`, and the kernel's error against f32 `attend_xla`."""
-  from kernels_pallas.nvfp4_gemv import _call_times_us
+  from kernels_pallas.nvfp4_gemv import call_times_us
   from specdec.models.transformer import attend_xla
 
   keys = jax.random.split(jax.random.key(B * S + T), 3)
@@ -302,7 +302,7 @@ def bench_case(B, S, T, K, G, H, configs, layers: int, iterations: int) -> None:
   args = (q, ks, vs, pos)
   ref = attend_xla(*(a.astype(jnp.float32) for a in (q, ks[0], vs[0])), pos)
   kv_mb = 2 * B * S * K * H * 2 / 1e6
-  t_xla = statistics.median(_call_times_us(_chain(attend_xla), args, layers, iterations))
+  t_xla = statistics.median(call_times_us(_chain(attend_xla), args, layers, iterations))
   for config in configs:
     c = config or default_config(B, K, S, T * G)
     head = f"B={B} S={S} T={T} K,G,H={K},{G},{H} cfg={c.block_s}/{c.splits}/{c.stages}"
@@ -313,7 +313,7 @@ def bench_case(B, S, T, K, G, H, configs, layers: int, iterations: int) -> None:
       continue
     op = functools.partial(decode_attention, config=config)
     err = float(jnp.linalg.norm(op(q, ks[0], vs[0], pos) - ref) / jnp.linalg.norm(ref))
-    t = statistics.median(_call_times_us(_chain(op), args, layers, iterations))
+    t = statistics.median(call_times_us(_chain(op), args, layers, iterations))
     print(
       f"{head} | kernel {t:6.1f} us ({kv_mb / t:.2f} TB/s) | XLA {t_xla:6.1f} us | "
       f"x{t_xla / t:.2f} | rel_err {err:.1e}",

@@ -818,11 +818,11 @@ def _bench_kernel(x, ws: list[EXL3Weight], config: TuningConfig, iterations: int
   s = _Shape(x.shape[0], ws[0].bits, ws[0].codebook, config)
   xf = x_fragments(x.astype(jnp.float16), s.codebook)
   chain = jax.jit(lambda xf, ts: [_mosaic_inner(xf, t, s) for t in ts])
-  times = nv._call_times_us(chain, (xf, [w.trellis for w in ws]), len(ws), iterations)
+  times = nv.call_times_us(chain, (xf, [w.trellis for w in ws]), len(ws), iterations)
   row["us"] = statistics.median(times)
   if op:  # what the model calls: the kernel plus XLA's rotations and mul1 affine around it
     full = jax.jit(lambda x, ws: [exl3_matmul(x, w, config=config) for w in ws])
-    row["op_us"] = statistics.median(nv._call_times_us(full, (x, ws), len(ws), iterations))
+    row["op_us"] = statistics.median(nv.call_times_us(full, (x, ws), len(ws), iterations))
   return row
 
 
@@ -835,7 +835,7 @@ def bench_shape(k, n, bits_list, ms, copies, iterations, codebook, configs, op_b
   xla_us = {}
   for m in ms:
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-    xla_us[m] = statistics.median(nv._call_times_us(xla_fn, (x, dense_list), copies, iterations))
+    xla_us[m] = statistics.median(nv.call_times_us(xla_fn, (x, dense_list), copies, iterations))
   del dense, dense_list
   for bits in bits_list:
     ws = [random_weight(jax.random.key(bits * 8 + c), k, n, bits, codebook) for c in range(copies)]

@@ -355,9 +355,9 @@ def _timed_rows(k: int, n: int, m: int, w_list, dense_list, configs, iterations:
   x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
   ref = reference(x, w_list[0])
   xla = jax.jit(lambda x, ds: [jnp.dot(x, d) for d in ds])
-  t_xla = statistics.median(nv._call_times_us(xla, (x, dense_list), copies, iterations))
+  t_xla = statistics.median(nv.call_times_us(xla, (x, dense_list), copies, iterations))
   fallback = jax.jit(lambda x, ws: [xla_matmul(x, w) for w in ws])
-  t_fallback = statistics.median(nv._call_times_us(fallback, (x, w_list), copies, iterations))
+  t_fallback = statistics.median(nv.call_times_us(fallback, (x, w_list), copies, iterations))
   for config in configs or [default_config(m, k, n)]:
     row = dict(m=m, k=k, n=n, config=config, xla_us=t_xla, fallback_us=t_fallback)
     try:
@@ -369,7 +369,7 @@ def _timed_rows(k: int, n: int, m: int, w_list, dense_list, configs, iterations:
       chain = jax.jit(
         lambda x, ws, c=config: [fp8_matmul(x, w, config=c, implementation="mosaic") for w in ws]
       )
-      row["us"] = statistics.median(nv._call_times_us(chain, (x, w_list), copies, iterations))
+      row["us"] = statistics.median(nv.call_times_us(chain, (x, w_list), copies, iterations))
     except Exception as e:  # noqa: BLE001 -- report the failure in the table and keep going
       row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
       print(f"FAILED m={m} k={k} n={n} {config}: {row['error']}", file=sys.stderr)

@@ -79,7 +79,7 @@ tile 128 (53.4 at 96, 56.5 at 64) and 24.9 us on 5120x17408 at tile 96. It was r
 the per-step waits: 5-8% faster on 5120x17408 (48 rows per CTA; M = 1 18.4-18.6 -> 17.2-17.3 us,
 2.90-2.92 TB/s), no change on 8192x28672 (112 rows; 39.9 vs 39.6-40.3 us), so `default_config`
 uses it for tiles of at most 4 row blocks. What is left: fewer dependent instructions per word
-(the scale splat is ~8 per row block and step, 4 of them conversions).
+(in the session-4 SASS the scale splat is 8 per row block and step, 5 of them conversions).
 
 Bank conflicts. With the 128B swizzle (16-byte chunk c of a 128-byte line is stored at c ^ line%8)
 the code reads (8 B per lane, chunks w and w + 4 of each row line) and scale reads are conflict-
@@ -963,7 +963,7 @@ def rel_err(y, ref) -> float:
   return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
 
 
-def _call_times_us(fn, args, calls: int, iterations: int) -> list[float]:
+def call_times_us(fn, args, calls: int, iterations: int) -> list[float]:
   """Device time per call: CUPTI's summed kernel time per run / calls; wall clock without CUPTI."""
   from jax.experimental.mosaic.gpu import profiler
 
@@ -999,7 +999,7 @@ def bench_shape(
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
     ref = reference(x, w_list[0])
     xla_fn = jax.jit(lambda x, ds: [jnp.dot(x, d) for d in ds])
-    t_xla = statistics.median(_call_times_us(xla_fn, (x, dense_list), copies, iterations))
+    t_xla = statistics.median(call_times_us(xla_fn, (x, dense_list), copies, iterations))
     for config, order in itertools.product(configs or [default_config(m, k, n)], orders):
       w_list = by_order[order]
       row = dict(m=m, k=k, n=n, config=config, order=order, xla_us=t_xla)
@@ -1014,7 +1014,7 @@ def bench_shape(
         chain = jax.jit(
           lambda x, ws, config=config: [nvfp4_matmul(x, w, config=config) for w in ws]
         )
-        t = statistics.median(_call_times_us(chain, (x, w_list), copies, iterations))
+        t = statistics.median(call_times_us(chain, (x, w_list), copies, iterations))
         row.update(us=t, tbs=q_bytes / t / 1e6)
       except Exception as e:  # noqa: BLE001 -- report the failure in the table and keep going
         row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"

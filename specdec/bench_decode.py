@@ -649,7 +649,7 @@ class Runner:
         self.guarded(cond, self._flags_cell, {**kwargs, "fuse": bool(fuse)}, flags, attention)
 
   def _flags_cell(self, kwargs: dict, flags: str, attention: str) -> dict:
-    row = run_child("flags", kwargs, flags, timeout=self.budget.left(), attention=attention)
+    row = self._child("flags", kwargs, flags, attention)
     row["pct_of_4_24"] = 100 * row["tb_s"] / COPY_CEILING_TBS
     return row
 
@@ -683,8 +683,8 @@ class Runner:
       self.guarded(cond, profile_cell, *args)
       del model
 
-  def _child(self, kind: str, kwargs: dict, xla_flags: str | None) -> dict:
-    return run_child(kind, kwargs, xla_flags, timeout=self.budget.left())
+  def _child(self, kind: str, kwargs: dict, xla_flags: str | None, attention=None) -> dict:
+    return run_child(kind, kwargs, xla_flags, timeout=self.budget.left(), attention=attention)
 
 
 # --- Markdown -----------------------------------------------------------------------------------
