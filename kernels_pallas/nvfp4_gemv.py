@@ -118,6 +118,10 @@ TILE_K = 256  # K per pipeline step: one 128-byte swizzle line of packed codes p
 BLOCK_ROWS = 16  # rows of one mma.sync A operand
 M_MAX = 16
 NUM_SMS = 132
+# A CTA's fixed cost (launch, pipeline fill and drain) in weight rows of one K pass, so that many
+# small CTAs do not tie with a few large ones: 5120x34816 as 2176 CTAs of 16 rows (17 per SM, 272
+# rows) 42.0 us, as 363 CTAs of 96 (3 per SM, 288 rows) 30.6 us (H200, M = 1, 2026-11-30).
+CTA_ROWS = 8
 WEIGHT_SCALE_SHIFT = 118  # block scales enter bf16 as scale * 2^118; the products are w / 256
 OUT_SCALE = 2.0 ** (126 - WEIGHT_SCALE_SHIFT)
 COPY_CEILING_TBS = 4.24  # DESIGN.md section 9, device-to-device copy on the H200
@@ -195,15 +199,17 @@ class TuningConfig:
 
 
 def _per_sm_rows(n: int, tile_n: int, split_k: int, num_sms: int) -> float:
-  """Rows x K share of the busiest SM: whole CTAs land on SMs, and time scales with this."""
+  """Rows x K share of the busiest SM, each CTA charged CTA_ROWS more: whole CTAs land on SMs, and
+  time scales with this."""
   ctas = math.ceil(n / tile_n) * split_k
-  return math.ceil(ctas / num_sms) * tile_n / split_k
+  return math.ceil(ctas / num_sms) * (tile_n / split_k + CTA_ROWS)
 
 
 def default_config(m: int, k: int, n: int, num_sms: int = NUM_SMS) -> TuningConfig:
-  """The row blocks per CTA (1..8) that leave the busiest SM least work, larger on ties; split K
-  (powers of 2) only while it lowers that. A plan that leaves at most one CTA per SM is then split
-  4 (or 2) ways along K, keeping >= 4 steps per CTA: a lone CTA cannot hide its own TMA latency.
+  """The row blocks per CTA (1..8) that leave the busiest SM least work (`_per_sm_rows`), larger
+  on ties; split K (powers of 2) only while it lowers that. A plan that leaves at most one CTA per
+  SM is then split 4 (or 2) ways along K, keeping >= 4 steps per CTA: a lone CTA cannot hide its
+  own TMA latency.
 
   That last rule is measured (H200, 2026-11-30, M = 1, `--mode bench`, the f32 partial sum
   included): 12288x4096 as 128 CTAs of 32 rows 17.1 us, split 4 ways 13.7 us; 4096x4096 6.7 ->
