@@ -118,9 +118,9 @@ TILE_K = 256  # K per pipeline step: one 128-byte swizzle line of packed codes p
 BLOCK_ROWS = 16  # rows of one mma.sync A operand
 M_MAX = 16
 NUM_SMS = 132
-# A CTA's fixed cost (launch, pipeline fill and drain) in weight rows of one K pass, so that many
-# small CTAs do not tie with a few large ones: 5120x34816 as 2176 CTAs of 16 rows (17 per SM, 272
-# rows) 42.0 us, as 363 CTAs of 96 (3 per SM, 288 rows) 30.6 us (H200, M = 1, 2026-11-30).
+# A CTA's fixed cost (launch, pipeline fill and drain) in weight rows of one K pass. Rows alone
+# rank 5120x34816 as 2176 CTAs of 16 (17 per SM, 272 rows) ahead of 363 CTAs of 96 (3 per SM, 288
+# rows); measured 42.0 vs 30.6 us (H200, M = 1, 2026-11-30). With the charge: 408 vs 312.
 CTA_ROWS = 8
 WEIGHT_SCALE_SHIFT = 118  # block scales enter bf16 as scale * 2^118; the products are w / 256
 OUT_SCALE = 2.0 ** (126 - WEIGHT_SCALE_SHIFT)
