@@ -61,12 +61,11 @@ from specdec.memory import tree_bytes
 from specdec.model import Model
 from specdec.models.config import ModelConfig
 from specdec.models.fuse import fuse_projections
-from specdec.models.transformer import KVCache, attend, attend_xla
+from specdec.models.transformer import ATTENTION_PATHS, KVCache, attend, attend_xla
 from specdec.results import append_row, environment_fields
 
 PARTS = ("copy", "decode", "verify", "attention", "loop", "flags", "compile", "profile")
 ATTENTION_IMPLS = ("xla", "pallas", "xla_sdpa", "cudnn", "cudnn_seqlen")
-ATTENTION_PATHS = ("auto", "xla")  # the model's, per flags arm (transformer.attention_path)
 COPY_CEILING_TBS = 4.24  # DESIGN.md section 9: torch device-to-device copy on the H200
 # Issue 9's bars, as a fraction of COPY_CEILING_TBS, for B = 1 decode.
 BARS = {"bf16": 0.85, "nvfp4": 0.70}
@@ -823,8 +822,7 @@ def markdown(rows: list[dict]) -> str:
       by("flags"),
       lambda r: (
         f"| {_flags_label(r)} | {'yes' if r['fused'] else 'no'} | {r.get('attention', 'auto')} | "
-        f"{r['shape']} | "
-        f"{r['format']} | {r['batch']} | {r['context']} | {r['leg']} |"
+        f"{r['shape']} | {r['format']} | {r['batch']} | {r['context']} | {r['leg']} |"
       ),
       lambda r: f"{_fmt_us(r)} | {r['tok_s']:.1f} | {r['pct_of_4_24']:.1f}% |",
     )

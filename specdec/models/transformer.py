@@ -123,6 +123,9 @@ def write_cache(cache_BSKH, new_BTKH, positions_BT, scale=1.0):
   return cache_BSKH.at[b_BT, positions_BT].set(new_BTKH, mode="drop")
 
 
+ATTENTION_PATHS = ("auto", "xla")  # what `attention_path` returns
+
+
 def attention_path() -> str:
   """The attention path result rows record: "xla" when SPECDEC_ATTENTION=xla forces `attend_xla`,
   else "auto" (the kernel where `attend` can use it)."""
