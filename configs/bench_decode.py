@@ -60,6 +60,8 @@ def get_config(preset: str = ""):
   c.formats = ("bf16", "nvfp4", "exl3_4")
   c.batches = (1, 8)
   c.contexts = (1024, 8192)  # KV cache slots; the XLA attention reads all of them every step
+  # Decode rows' KV caches: "model" (the weights' dtype) and/or "float8_e4m3fn" (unit scales).
+  c.kv_dtypes = ("model",)
   c.n_steps = 16  # decode steps per timed chunk
   # decode / verify / profile models get q/k/v and gate/up fused (specdec.models.fuse), as the
   # sweep decodes; the flags part sets it per arm.
@@ -123,6 +125,7 @@ def _tiny(c):
   c.copy_iters = 2
   c.batches = (2,)
   c.contexts = (16,)
+  c.kv_dtypes = ("model", "float8_e4m3fn")
   c.n_steps = 2
   c.verify.update(shape="tiny", widths=(1, 3), contexts=(16,), iters=2)
   c.attention.update(shape="tiny", impls=("xla", "xla_sdpa"), widths=(3,), contexts=(16,), iters=2)

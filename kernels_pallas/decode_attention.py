@@ -20,6 +20,15 @@ exp2(m - max m) and normalizes. When the ranges do not divide the blocks, the la
 pulled back to end at S and its overlap with the previous range is masked, so the pipeline's trip
 count stays static.
 
+FP8 caches (E4M3 codes, read as code x k_scale / v_scale). The K/V blocks stream as codes, half
+the bytes of bf16, and each is widened in SMEM (E4M3 -> f16 -> bf16, exact; sm_90 has no direct
+conversion) before the two wgmma; k_scale joins the f32 score scale and v_scale the combine, so
+no widened copy of the cache is ever written. Before, the model widened the whole cache in an
+XLA fusion every step ahead of the kernel (read 1 byte, write 2, read 2 per element). Measured
+on the H200 (docs/benchmarks.md, session 7): the 8B bf16 step with an FP8 cache at 8k went from
+5984 / 5978 to 5110 / 5117 us at B = 1 and 12981 / 12999 to 7095 / 7065 us at B = 8 (two legs).
+head_dim 256 with 128 query rows exceeds SMEM and keeps the widen-first path (`code_smem_bytes`).
+
 Exactness. A row's numbers depend on its own query, its position, the cache and the split plan
 (`default_config`: from B, K, S and T x G), not on the other rows. Against `attend` (f32 scores,
 normalized P cast to bf16 before P V) the difference is the bf16 rounding of the unnormalized P
@@ -55,6 +64,8 @@ LOG2E = math.log2(math.e)
 MASKED = -1e30  # finite: a range with no visible slot gets weight exp2(MASKED - max) = 0, no NaN
 TARGET_CTAS = 264  # two per SM on the H200's 132 SMs
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+SMEM_BYTES = 227 * 1024  # per CTA on Hopper
+FP8 = jnp.dtype(jnp.float8_e4m3fn)  # the KV cache's 8-bit dtype (specdec.models.transformer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,27 +130,55 @@ def row_limits(positions_BT: jax.Array, groups: int, rows: int) -> jax.Array:
   return positions_BT[:, t_R].astype(jnp.int32)
 
 
-def _kernel_partials(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningConfig):
+def _smem_transforms(dtype, head_dim: int):
+  """TMA tiling + swizzle of a [rows, head_dim] tile: 128-byte rows for 16-bit data, and for
+  8-bit codes rows of min(head_dim, 128) bytes."""
+  if jnp.dtype(dtype).itemsize == 2:
+    return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  width = min(head_dim, 128)
+  return (plgpu.TilingTransform((8, width)), plgpu.SwizzleTransform(width))
+
+
+def _kernel_partials(
+  q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningConfig, score_scale_R=None
+):
+  """The kernel's partials. FP8 caches (`score_scale_R` given: k_scale x H^-1/2 x log2 e per
+  row, f32) stream as codes, half the bytes; each block is widened to q's dtype in SMEM (E4M3 ->
+  f16 -> bf16, exact) before the two wgmma, and the scale multiplies the f32 scores; v_scale is
+  `combine`'s."""
   B, K, R, H = q_BKRH.shape
   S = k_BSKH.shape[1]
   plan = Plan.of(S, config)
   bs = config.block_s
+  codes = score_scale_R is not None
   scale = H**-0.5 * LOG2E
-  mma_smem = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  mma_smem = _smem_transforms(q_BKRH.dtype, H)
   wgmma_rows = plgpu.Layout.WGMMA.reduce(1)
 
-  def kernel(q_ref, k_ref, v_ref, lim_ref, o_ref, m_ref, l_ref, q_smem, lim_smem, bar):
+  def kernel(q_ref, k_ref, v_ref, lim_ref, *refs):
+    if codes:
+      sc_ref, o_ref, m_ref, l_ref, q_smem, lim_smem, bar, sc_smem, k_wide, v_wide = refs
+    else:
+      o_ref, m_ref, l_ref, q_smem, lim_smem, bar = refs
     h, p, b = (jax.lax.axis_index(n) for n in ("h", "p", "b"))
     first = plan.first_block(p)
     lo = p * plan.per * bs  # slots below belong to the previous range
     # Q and the row limits load beside the pipeline's first K/V blocks; step 0 waits for them.
     plgpu.copy_gmem_to_smem(q_ref.at[b, h], q_smem, bar)
     plgpu.copy_gmem_to_smem(lim_ref.at[b], lim_smem, bar)
+    if codes:
+      plgpu.copy_gmem_to_smem(sc_ref, sc_smem, bar)
 
     def body(idx, k_smem, v_smem, carry):
       acc_RH, m_R, l_R = carry
       pl.when(idx[0] == 0)(lambda: plgpu.barrier_wait(bar))
       hi_R = plgpu.load(lim_smem, layout=wgmma_rows)
+      if codes:
+        # No E4M3 -> bf16 conversion on sm_90: through f16, exact both ways (<= 4 significant bits).
+        for src, dst in ((k_smem, k_wide), (v_smem, v_wide)):
+          dst[...] = src[...].astype(jnp.float16).astype(dst.dtype)
+        plgpu.commit_smem()  # fence to the async proxy + warpgroup barrier before wgmma reads
+        k_smem, v_smem = k_wide, v_wide
 
       def scores(acc_ref):
         plgpu.wgmma(acc_ref, q_smem, k_smem.transpose((1, 0)))
@@ -149,7 +188,11 @@ def _kernel_partials(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningCo
       slot_RS = plgpu.broadcasted_iota(jnp.int32, (R, bs), 1, layout=plgpu.Layout.WGMMA)
       slot_RS = slot_RS + (first + idx[0]) * bs
       visible = (slot_RS >= lo) & (slot_RS <= jax.lax.broadcast_in_dim(hi_R, (R, bs), [0]))
-      s_RS = jnp.where(visible, s_RS * scale, MASKED)
+      if codes:
+        s_RS = s_RS * jax.lax.broadcast_in_dim(plgpu.load(sc_smem, layout=wgmma_rows), (R, bs), [0])
+      else:
+        s_RS = s_RS * scale
+      s_RS = jnp.where(visible, s_RS, MASKED)
       m_new = jnp.maximum(m_R, s_RS.max(axis=1))
       alpha_R = jnp.exp2(m_R - m_new)
       p_RS = jnp.exp2(s_RS - jax.lax.broadcast_in_dim(m_new, (R, bs), [0]))
@@ -161,7 +204,9 @@ def _kernel_partials(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningCo
 
       return pl.run_state(values)(plgpu.ACC.init(acc_RH)), m_new, l_R
 
-    spec = plgpu.BlockSpec((bs, H), lambda i: (first + i, 0), transforms=mma_smem)
+    spec = plgpu.BlockSpec(
+      (bs, H), lambda i: (first + i, 0), transforms=_smem_transforms(k_BSKH.dtype, H)
+    )
     acc_RH, m_R, l_R = plgpu.emit_pipeline(
       body,
       grid=(plan.per,),
@@ -200,15 +245,25 @@ def _kernel_partials(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningCo
     scratch_types=(
       plgpu.SMEM((R, H), q_BKRH.dtype, transforms=mma_smem),
       plgpu.SMEM((R,), jnp.int32),
-      plgpu.Barrier(num_arrivals=2),
+      plgpu.Barrier(num_arrivals=3 if codes else 2),
+      *(
+        (plgpu.SMEM((R,), jnp.float32),)
+        + (plgpu.SMEM((bs, H), q_BKRH.dtype, transforms=mma_smem),) * 2
+        if codes
+        else ()
+      ),
     ),
-  )(q_BKRH, k_BSKH, v_BSKH, limit_BR)
+  )(q_BKRH, k_BSKH, v_BSKH, limit_BR, *(() if score_scale_R is None else (score_scale_R,)))
 
 
-def reference_partials(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningConfig):
+def reference_partials(
+  q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningConfig, score_scale_R=None
+):
   """What the kernel writes, in jnp: per range p the unnormalized o [B, K, P, TG, H], and the row
   max m and sum l [B, K, P, R] on the exp2 scale, with the kernel's masks and bf16 P."""
   B, K, R, H = q_BKRH.shape
+  k_BSKH, v_BSKH = (c.astype(q_BKRH.dtype) for c in (k_BSKH, v_BSKH))  # FP8 codes widen exactly
+  scale = H**-0.5 * LOG2E if score_scale_R is None else score_scale_R[None, None, None, :, None]
   S = k_BSKH.shape[1]
   plan = Plan.of(S, config)
   bs = config.block_s
@@ -217,8 +272,8 @@ def reference_partials(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: Tuning
   slot_PS = (first_P[:, None] + jnp.arange(plan.per)[None, :]) * bs
   slot_PS = (slot_PS[:, :, None] + jnp.arange(bs)).reshape(plan.splits, plan.per * bs)
   k_BPSKH, v_BPSKH = (c[:, slot_PS] for c in (k_BSKH, v_BSKH))
-  s_BKPRS = jnp.einsum("BKRH,BPSKH->BKPRS", q_BKRH, k_BPSKH, preferred_element_type=jnp.float32) * (
-    H**-0.5 * LOG2E
+  s_BKPRS = (
+    jnp.einsum("BKRH,BPSKH->BKPRS", q_BKRH, k_BPSKH, preferred_element_type=jnp.float32) * scale
   )
   lo_P = p_P * plan.per * bs
   visible = (slot_PS[None, :, None, :] >= lo_P[None, :, None, None]) & (
@@ -234,12 +289,13 @@ def reference_partials(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: Tuning
   return o_BKPRH[:, :, :, :tg], m_BKPR, l_BKPR
 
 
-def combine(o_BKPTH, m_BKPR, l_BKPR, T: int, dtype) -> jax.Array:
-  """Weighs each range by exp2(m - max m), normalizes, and puts rows back as [B, T, N, H]."""
+def combine(o_BKPTH, m_BKPR, l_BKPR, T: int, dtype, v_scale=1.0) -> jax.Array:
+  """Weighs each range by exp2(m - max m), normalizes (times an FP8 cache's v_scale), and puts
+  rows back as [B, T, N, H]."""
   B, K, _, tg, H = o_BKPTH.shape
   m_BKPT, l_BKPT = m_BKPR[..., :tg], l_BKPR[..., :tg]
   w_BKPT = jnp.exp2(m_BKPT - m_BKPT.max(axis=2, keepdims=True))
-  o_BKTH = (o_BKPTH * w_BKPT[..., None]).sum(2) / (l_BKPT * w_BKPT).sum(2)[..., None]
+  o_BKTH = (o_BKPTH * w_BKPT[..., None]).sum(2) / (l_BKPT * w_BKPT).sum(2)[..., None] * v_scale
   G = tg // T
   return (
     o_BKTH.reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, K * G, H).astype(dtype)
@@ -247,22 +303,44 @@ def combine(o_BKPTH, m_BKPR, l_BKPR, T: int, dtype) -> jax.Array:
 
 
 def supported(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array) -> bool:
-  """A GPU, one 16-bit dtype throughout, head_dim a multiple of 64 up to 256, S a multiple of 64,
-  and at most 128 query rows (T x G) per kv head."""
+  """A GPU, a 16-bit q with caches of its dtype or FP8 (E4M3) codes, head_dim a multiple of 64
+  up to 256, S a multiple of 64, and at most 128 query rows (T x G) per kv head."""
   if jax.default_backend() != "gpu" or q_BTNH.ndim != 4 or k_BSKH.shape != v_BSKH.shape:
     return False
-  if {q_BTNH.dtype, k_BSKH.dtype, v_BSKH.dtype} != {q_BTNH.dtype} or q_BTNH.dtype not in DTYPES:
+  cache = {k_BSKH.dtype, v_BSKH.dtype}
+  if q_BTNH.dtype not in DTYPES or cache not in ({q_BTNH.dtype}, {FP8}):
     return False
   B, T, N, H = q_BTNH.shape
   K = k_BSKH.shape[2]
-  return H % 64 == 0 and H <= 256 and k_BSKH.shape[1] % 64 == 0 and T * (N // K) <= 2 * ROW_TILE
+  tg = T * (N // K)
+  fits = cache == {q_BTNH.dtype} or code_smem_bytes(tg, H, TuningConfig()) <= SMEM_BYTES
+  return H % 64 == 0 and H <= 256 and k_BSKH.shape[1] % 64 == 0 and tg <= 2 * ROW_TILE and fits
+
+
+def code_smem_bytes(tg: int, head_dim: int, config: TuningConfig) -> int:
+  """SMEM of the FP8-cache kernel: Q, the two widened blocks, and the larger of the code
+  pipeline and the f32 output staging that reuses it (16-bit caches always fit)."""
+  rows = ROW_TILE * -(-tg // ROW_TILE)
+  pipeline = 2 * config.stages * config.block_s * head_dim
+  staging = 4 * rows * head_dim + 8 * rows
+  return 2 * rows * head_dim + 2 * 2 * config.block_s * head_dim + max(pipeline, staging)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "partials"))
 def decode_attention(
-  q_BTNH, k_BSKH, v_BSKH, positions_BT, *, config: TuningConfig | None = None, partials=None
+  q_BTNH,
+  k_BSKH,
+  v_BSKH,
+  positions_BT,
+  k_scale=1.0,
+  v_scale=1.0,
+  *,
+  config: TuningConfig | None = None,
+  partials=None,
 ):
-  """attend(q, k, v, positions) through the kernel (or `partials`, e.g. `reference_partials`)."""
+  """attend(q, k, v, positions) through the kernel (or `partials`, e.g. `reference_partials`).
+  FP8 caches hold codes: attention reads code x k_scale / v_scale (specdec.models.transformer's
+  `from_cache`), without widening the cache first; other caches ignore the scales."""
   B, T, N, H = q_BTNH.shape
   K = k_BSKH.shape[2]
   q_BKRH, tg = query_rows(q_BTNH, K)
@@ -270,8 +348,10 @@ def decode_attention(
   config = config or default_config(B, K, k_BSKH.shape[1], tg)
   config.check(k_BSKH.shape[1], H)
   limit_BR = row_limits(positions_BT, N // K, R)
-  o, m, l = (partials or _kernel_partials)(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg, config)
-  return combine(o, m, l, T, q_BTNH.dtype)
+  codes = k_BSKH.dtype == FP8
+  extra = (jnp.full((R,), H**-0.5 * LOG2E, jnp.float32) * k_scale,) if codes else ()
+  o, m, l = (partials or _kernel_partials)(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg, config, *extra)
+  return combine(o, m, l, T, q_BTNH.dtype, v_scale if codes else 1.0)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -63,9 +63,11 @@ from specdec.models.config import ModelConfig
 from specdec.models.fuse import fuse_projections
 from specdec.models.transformer import ATTENTION_PATHS, KVCache, attend, attend_xla
 from specdec.results import append_row, environment_fields
+from specdec.xla_env import with_defaults
 
 PARTS = ("copy", "decode", "verify", "attention", "loop", "flags", "compile", "profile")
 ATTENTION_IMPLS = ("xla", "pallas", "xla_sdpa", "cudnn", "cudnn_seqlen")
+DECODE_KV_DTYPES = ("model", "float8_e4m3fn")  # decode rows' caches: the weights' dtype, or FP8
 COPY_CEILING_TBS = 4.24  # DESIGN.md section 9: torch device-to-device copy on the H200
 # Issue 9's bars, as a fraction of COPY_CEILING_TBS, for B = 1 decode.
 BARS = {"bf16": 0.85, "nvfp4": 0.70}
@@ -136,7 +138,8 @@ def _decode_executable(model: Model, batch: int, slots: int, n_steps: int, reps:
   """(compiled chunk of n_steps one-token greedy steps, its warmed state, compile seconds); the
   state leaves room for `reps` more chunks."""
   sc = _null_step(model.config, model.dtype)
-  st = synthetic_state(model.config, batch, slots, slots - (reps + 1) * n_steps - 1, 0, model.dtype)
+  start = slots - (reps + 1) * n_steps - 1
+  st = synthetic_state(model.config, batch, slots, start, 0, model.kv_dtype or model.dtype)
   compiled, compile_s = compile_aot(decode_chunk, model.params, (), st, sc=sc, n_steps=n_steps)
   st = jax.block_until_ready(compiled(model.params, (), st))  # warm
   return compiled, st, compile_s
@@ -150,7 +153,7 @@ def decode_cell(model: Model, batch: int, slots: int, n_steps: int, reps: int) -
     t = time.perf_counter()
     st = jax.block_until_ready(compiled(model.params, (), st))
     per_step.append((time.perf_counter() - t) / n_steps)
-  nbytes = step_bytes(model.params, model.config, batch, slots, model.dtype)
+  nbytes = step_bytes(model.params, model.config, batch, slots, model.kv_dtype or model.dtype)
   med = statistics.median(per_step)
   total = nbytes["weight_bytes"] + nbytes["kv_bytes"]
   return {
@@ -467,6 +470,9 @@ def validate(cfg) -> None:
       raise BenchConfigError(
         f"attention impls {gpu_only} need a GPU; drop them from attention.impls"
       )
+  for kv in cfg.kv_dtypes:
+    if kv not in DECODE_KV_DTYPES:
+      raise BenchConfigError(f"kv_dtypes: unknown {kv!r}; choose from {DECODE_KV_DTYPES}")
   for arm in cfg.flags.arms:
     if len(arm) not in (2, 3) or flags_arm(arm)[2] not in ATTENTION_PATHS:
       raise BenchConfigError(
@@ -540,10 +546,20 @@ class Runner:
     for fmt in fmts or c.formats:
       for name in c.shape_names:
         model = self._model(name, fmt)
-        for batch in c.batches:
-          for ctx in c.contexts:
-            cond = {"part": "decode", **self._shape_row(name, fmt), "batch": batch, "context": ctx}
-            self.guarded(cond, self._decode_cell, model, batch, ctx)
+        for kv in c.kv_dtypes:
+          # An FP8 cache with unit scales: the speed of the path, not a calibration.
+          m = model if kv == "model" or model is None else model.with_fp8_kv()
+          for batch in c.batches:
+            for ctx in c.contexts:
+              cond = {
+                "part": "decode",
+                **self._shape_row(name, fmt),
+                "kv_dtype": kv,
+                "batch": batch,
+                "context": ctx,
+              }
+              self.guarded(cond, self._decode_cell, m, batch, ctx)
+          del m
         del model  # frees this shape's weights before the next one is built
 
   def _model(self, name: str, fmt: str) -> Model | None:
@@ -614,7 +630,7 @@ class Runner:
         "batch": 1,
         "prompt_tokens": lp.prompt_tokens,
         "n_steps": lp.n_steps,
-        "xla_flags": flags,
+        "xla_flags": with_defaults(flags),  # what the child runs with
       }
       self.guarded(cond, self._child, "loop", kwargs, flags)
 
@@ -641,7 +657,7 @@ class Runner:
           "batch": f.batch,
           "context": f.context,
           "leg": leg,
-          "xla_flags": flags,
+          "xla_flags": with_defaults(flags),  # what the child runs with
           "attention": attention,
         }
         cond["fused"] = bool(fuse)  # the arm's, not cfg.fuse
@@ -769,13 +785,13 @@ def markdown(rows: list[dict]) -> str:
   if by("decode"):
     out += _section(
       "Decode (one-token greedy step, null drafter, in-jit chunks)",
-      "| shape | format | fused | B | ctx | step us (min-max) | tok/s | GB read/step "
+      "| shape | format | fused | KV | B | ctx | step us (min-max) | tok/s | GB read/step "
       "(weights + KV) | TB/s | % of measured copy | % of 4.24 | bar | compile s |",
-      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+      "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
       by("decode"),
       lambda r: (
         f"| {r['shape']} | {r['format']} | {'yes' if r.get('fused') else 'no'} | "
-        f"{r.get('batch', '')} | {r.get('context', '')} |"
+        f"{r.get('kv_dtype', 'model')} | {r.get('batch', '')} | {r.get('context', '')} |"
       ),
       _decode_figures,
     )

@@ -68,6 +68,7 @@ ROW_FIELDS: dict[str, Field] = {
   "git_commit": _F("str", True, "`git rev-parse HEAD` of the code, or 'unknown'"),
   "git_dirty": _F("bool", False, "the work tree had uncommitted changes"),
   "attention": _F("str", False, "auto: the Mosaic GPU attention kernel where it applies | xla"),
+  "xla_flags": _F("str", False, "XLA_FLAGS of the process, specdec's defaults included"),
   "timestamp": _F("str", True, "ISO 8601 UTC time the row was written"),
   # Acceptance, all from the histogram (specdec.metrics).
   "steps": _F("int", False, "verify steps (target forwards) counted"),
@@ -369,8 +370,8 @@ def utc_timestamp() -> str:
 
 
 def environment_fields() -> dict:
-  """device, jax_version, git_commit (or 'unknown'), git_dirty, timestamp and the attention path
-  (`specdec.models.transformer.attention_path`) for a row."""
+  """device, jax_version, git_commit (or 'unknown'), git_dirty, timestamp, the attention path
+  (`specdec.models.transformer.attention_path`) and XLA_FLAGS for a row."""
   import jax  # imported here so the store (and table rendering) does not start a backend
 
   from specdec.models.transformer import attention_path
@@ -383,4 +384,5 @@ def environment_fields() -> dict:
     "git_dirty": bool(status) if status is not None else None,
     "timestamp": utc_timestamp(),
     "attention": attention_path(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
   }

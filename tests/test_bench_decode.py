@@ -14,6 +14,7 @@ from configs import bench_decode as bench_config
 from specdec import bench, bench_decode, bench_models
 from specdec.quant.exl3 import EXL3Weight
 from specdec.quant.nvfp4 import NVFP4Weight
+from specdec.xla_env import with_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,6 +132,7 @@ def test_empty_loop_copies_its_state_once_not_per_iteration():
     (dict(flags=dict(arms=(("", True, "cudnn"),))), r"attention in \('auto', 'xla'\)"),
     (dict(flags=dict(legs=0)), "flags.legs"),
     (dict(flags=dict(context=4)), "flags: context 4 is too small"),
+    (dict(kv_dtypes=("model", "int8")), "kv_dtypes: unknown 'int8'"),
   ],
 )
 def test_validate_refuses_bad_configs_before_compiling(override, match):
@@ -161,26 +163,34 @@ def test_experiment_runs_every_part_on_the_tiny_preset(tmp_path):
   rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
   assert not [r for r in rows if "error" in r or "skipped" in r]
   parts = [r["part"] for r in rows]
-  assert parts == ["copy"] + ["decode"] * 3 + ["verify"] * 2 + ["attention"] * 2 + ["loop"] + [
+  assert parts == ["copy"] + ["decode"] * 6 + ["verify"] * 2 + ["attention"] * 2 + ["loop"] + [
     "flags"
   ] * 2 + ["compile"] * 2 + ["profile"]
 
   arms = [(r["xla_flags"], r["fused"], r["attention"]) for r in rows if r["part"] == "flags"]
-  assert arms == [("", True, "xla"), ("--xla_gpu_enable_triton_gemm=false", False, "auto")]
+  # Each arm's flags as its process ran them: the arm's, then specdec's defaults.
+  assert arms == [
+    (with_defaults(""), True, "xla"),
+    (with_defaults("--xla_gpu_enable_triton_gemm=false"), False, "auto"),
+  ]
+  assert "concurrent_region=true" in arms[1][0]
 
   decode = [r for r in rows if r["part"] == "decode"]
-  assert [r["format"] for r in decode] == list(bench_decode.FORMATS)
+  assert [(r["format"], r["kv_dtype"]) for r in decode] == [
+    (f, kv) for f in bench_decode.FORMATS for kv in ("model", "float8_e4m3fn")
+  ]
   for r in decode:
     assert r["tok_s"] == pytest.approx(r["batch"] / (r["us"] * 1e-6))
     assert r["us_min"] <= r["us"] <= r["us_max"]
     assert r["pct_of_measured_copy"] > 0
-  assert decode[1]["weight_bytes"] < decode[0]["weight_bytes"]  # NVFP4 stores less than bf16
+  assert decode[2]["weight_bytes"] < decode[0]["weight_bytes"]  # NVFP4 stores less than bf16
+  assert decode[1]["kv_bytes"] * 2 == decode[0]["kv_bytes"]  # FP8 codes: half of bf16's
 
   for r in (r for r in rows if r["part"] == "attention"):
     assert r["rel_err_vs_f32"] < 1e-2  # bf16 inputs, f32 accumulation
 
   (loop,) = (r for r in rows if r["part"] == "loop")
-  assert loop["xla_flags"] == "--xla_gpu_enable_command_buffer="
+  assert loop["xla_flags"] == with_defaults("--xla_gpu_enable_command_buffer=")
   assert loop["hlo_copies"]["body"]["n"] == 0
   assert (tmp_path / loop["hlo_file"]).read_text().startswith("HloModule")
 
@@ -193,6 +203,7 @@ def test_experiment_runs_every_part_on_the_tiny_preset(tmp_path):
   assert (tmp_path / prof["hlo_file"]).read_text().startswith("HloModule")
 
   table = (tmp_path / "table.md").read_text()
-  assert "| tiny | nvfp4 | yes | 2 | 16 |" in table and "### Compile of the decode chunk" in table
+  assert "| tiny | nvfp4 | yes | float8_e4m3fn | 2 | 16 |" in table
+  assert "### Compile of the decode chunk" in table
   assert "### Profile: tiny bf16, fused projections B = 1 ctx 16" in table
   assert table.strip() in proc.stdout

@@ -124,3 +124,79 @@ def test_model_attention_uses_the_kernel_on_gpu():
   assert da.supported(q, k, v)
   text = jax.jit(attend).lower(q, k, v, pos).as_text()
   assert "mosaic_gpu" in text
+
+
+# --- FP8 caches: the kernel reads E4M3 codes and their scales --------------------------------
+
+FP8_CASES = [
+  # B, T, N, K, H, S, config; head_dim 64 takes 64-byte code rows
+  (1, 1, 32, 8, 128, 1216, None),
+  (2, 5, 8, 2, 64, 256, da.TuningConfig(64, 3, 2)),
+  (1, 16, 32, 8, 128, 512, None),  # 64 rows of a 16-token verify
+]
+K_SCALE, V_SCALE = 0.37, 1.9
+
+
+def fp8_inputs(B, T, N, K, H, S):
+  q, k, v, pos = inputs(B, T, N, K, H, S, seed=2)
+  codes = ((x.astype(jnp.float32) * 3).astype(jnp.float8_e4m3fn) for x in (k, v))
+  return q, *codes, pos
+
+
+def fp8_reference(q, k, v, pos):
+  return attend_xla(
+    q.astype(jnp.float32), k.astype(jnp.float32) * K_SCALE, v.astype(jnp.float32) * V_SCALE, pos
+  )
+
+
+@pytest.mark.parametrize("B,T,N,K,H,S,config", FP8_CASES)
+def test_fp8_reference_partials_read_codes_times_scales(B, T, N, K, H, S, config):
+  q, k, v, pos = fp8_inputs(B, T, N, K, H, S)
+  y = da.decode_attention(
+    q, k, v, pos, K_SCALE, V_SCALE, config=config, partials=da.reference_partials
+  )
+  assert rel_err(y, fp8_reference(q, k, v, pos)) < TOL
+
+
+@pytest.mark.parametrize("B,T,N,K,H,S,config", FP8_CASES[:2])
+def test_fp8_kernel_lowers_for_cuda_on_cpu(B, T, N, K, H, S, config):
+  q, k, v, pos = fp8_inputs(B, T, N, K, H, S)
+  fn = jax.jit(lambda *a: da.decode_attention(*a, config=config))
+  text = jax.export.export(fn, platforms=["cuda"])(q, k, v, pos, K_SCALE, V_SCALE).mlir_module()
+  assert "mosaic_gpu" in text
+
+
+def test_fp8_kernel_smem_bound():
+  # Q, two widened blocks and the f32 staging: 128 rows of head_dim 256 need 257 KiB, too many
+  # (the model then widens the cache and runs the 16-bit kernel); 64 rows of 128 need 80.5.
+  assert da.code_smem_bytes(96, 256, da.TuningConfig()) > da.SMEM_BYTES
+  assert da.code_smem_bytes(4, 128, da.TuningConfig()) < da.SMEM_BYTES
+
+
+def test_model_attention_reads_fp8_codes_times_scales_off_gpu():
+  q, k, v, pos = fp8_inputs(1, 2, 8, 2, 64, 128)
+  y = attend(q, k, v, pos, K_SCALE, V_SCALE)
+  assert rel_err(y, fp8_reference(q, k, v, pos)) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,T,N,K,H,S,config", FP8_CASES)
+def test_fp8_kernel_matches_reference_on_gpu(B, T, N, K, H, S, config):
+  q, k, v, pos = fp8_inputs(B, T, N, K, H, S)
+  assert da.supported(q, k, v)
+  args = (q, k, v, pos, K_SCALE, V_SCALE)
+  y = da.decode_attention(*args, config=config)
+  y_ref = da.decode_attention(*args, config=config, partials=da.reference_partials)
+  assert rel_err(y, y_ref.astype(jnp.float32)) < TOL
+  assert rel_err(y, fp8_reference(q, k, v, pos)) < TOL
+
+
+@pytest.mark.gpu
+def test_model_attention_keeps_fp8_codes_on_gpu():
+  q, k, v, pos = fp8_inputs(1, 1, 32, 8, 128, 256)
+  text = jax.jit(attend).lower(q, k, v, pos, K_SCALE, V_SCALE).as_text()
+  assert "mosaic_gpu" in text and "f8E4M3FN" in text
+  # The codes go into the kernel as they are: no [B, S, K, H] widening ahead of it.
+  assert (
+    "bf16[1,256,8,128]" not in jax.jit(attend).lower(q, k, v, pos, 1.0, 1.0).compile().as_text()
+  )

@@ -132,17 +132,30 @@ def attention_path() -> str:
   return "xla" if os.environ.get("SPECDEC_ATTENTION", "") == "xla" else "auto"
 
 
-def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT):
-  """Each query t of row b over the cache slots <= positions[b, t]: kernels_pallas's decode
-  attention on a GPU where it applies (a few queries per kv head; measured faster in
-  docs/benchmarks.md), else `attend_xla`. SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
-  if attention_path() == "auto" and jax.default_backend() == "gpu":
-    # Imported here: CPU runs never need Pallas.
-    from kernels_pallas import decode_attention as da
+def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0):
+  """Each query t of row b over the cache slots <= positions[b, t], caches as stored (an FP8
+  cache's codes read as code x scale, `from_cache`): kernels_pallas's decode attention on a GPU
+  where it applies (a few queries per kv head; measured faster in docs/benchmarks.md; FP8 codes
+  read as they are where SMEM allows, else widened first), else `attend_xla`.
+  SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
 
-    if da.supported(q_BTNH, k_BSKH, v_BSKH):
-      return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+  da = _attention_kernels()
+  if da is None or not da.supported(q_BTNH, k_BSKH, v_BSKH):
+    k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
+    v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
+  if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):
+    return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
   return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+
+
+def _attention_kernels():
+  """kernels_pallas.decode_attention on a GPU unless SPECDEC_ATTENTION=xla, else None (imported
+  here: CPU runs never need Pallas)."""
+  if attention_path() != "auto" or jax.default_backend() != "gpu":
+    return None
+  from kernels_pallas import decode_attention
+
+  return decode_attention
 
 
 def attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT):
@@ -192,12 +205,7 @@ class Attention(nn.Module):
     k_scale, v_scale = (self.kv_scale(n) for n in KV_SCALES)
     k_BSKH = write_cache(k_BSKH, k_BTKH, positions_BT, k_scale)
     v_BSKH = write_cache(v_BSKH, v_BTKH, positions_BT, v_scale)
-    o_BTNH = attend(
-      q_BTNH,
-      from_cache(k_BSKH, k_scale, q_BTNH.dtype),
-      from_cache(v_BSKH, v_scale, q_BTNH.dtype),
-      positions_BT,
-    )
+    o_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
     out_BTD = Linear(c.hidden_size, c.attention_bias, name="o_proj")(o_BTNH.reshape(B, T, N * H))
     return out_BTD, k_BSKH, v_BSKH
 
