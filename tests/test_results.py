@@ -181,7 +181,15 @@ def test_unwritable_out_is_a_clear_error(tmp_path):
 
 def test_environment_fields():
   env = results.environment_fields()
-  assert set(env) == {"device", "jax_version", "git_commit", "git_dirty", "timestamp", "attention"}
+  assert set(env) == {
+    "device",
+    "jax_version",
+    "git_commit",
+    "git_dirty",
+    "timestamp",
+    "attention",
+    "xla_flags",
+  }
   assert env["jax_version"].count(".") >= 1
   assert env["git_commit"] == "unknown" or len(env["git_commit"]) == 40
   results.validate_row(make_row(**env))
