@@ -413,7 +413,9 @@ def main(argv=None) -> None:
   args = p.parse_args(argv)
   K, G, H = map(int, args.shape.split(","))
   configs = [None] + [TuningConfig(*map(int, c.split("/"))) for c in args.configs.split(",") if c]
-  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+  from kernels_pallas.nvfp4_gemv import bench_start
+
+  bench_start()
   for b in args.batches.split(","):
     for s in args.slots.split(","):
       for t in args.widths.split(","):

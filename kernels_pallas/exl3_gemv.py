@@ -937,7 +937,7 @@ def main(argv=None) -> None:
   p.add_argument("--stages", default="4")
   p.add_argument("--split_k", default="1")
   args = p.parse_args(argv)
-  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+  nv.bench_start()
   if args.mode in ("check", "all"):
     if not check(_ints(args.check_ms), _ints(args.check_bits), args.check_codebooks.split(",")):
       sys.exit(1)

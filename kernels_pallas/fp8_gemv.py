@@ -430,7 +430,7 @@ def check(ms, k: int = 4096, n: int = 1024) -> bool:
 
 def main(argv=None) -> None:
   args = nv.bench_parser(__doc__).parse_args(argv)
-  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+  nv.bench_start()
   if args.mode in ("check", "all") and not check([int(m) for m in args.check_ms.split(",")]):
     print("CHECK FAILED", flush=True)
   if args.mode == "check":

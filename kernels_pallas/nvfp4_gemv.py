@@ -111,6 +111,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from specdec import xla_env
 from specdec.quant.matmul import QuantizedWeight
 from specdec.quant.nvfp4 import GROUP, PAIR_SHIFTS, BitOrder, NVFP4Weight
 
@@ -969,6 +970,13 @@ def rel_err(y, ref) -> float:
   return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
 
 
+def bench_start() -> None:
+  """The first step of every kernel benchmark's main: serial CUDA graphs (`call_times_us` sums
+  kernel times over independent calls; see specdec.xla_env.serialize_graphs), then the versions."""
+  xla_env.serialize_graphs()
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+
+
 def call_times_us(fn, args, calls: int, iterations: int) -> list[float]:
   """Device time per call: CUPTI's summed kernel time per run / calls; wall clock without CUPTI."""
   from jax.experimental.mosaic.gpu import profiler
@@ -1113,7 +1121,7 @@ def main(argv=None) -> None:
   p.add_argument("--orders", default="kernel", help="bit orders of the codes to sweep")
   p.add_argument("--lines", default="1", help="code lines per pipeline step to sweep")
   args = p.parse_args(argv)
-  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+  bench_start()
   if args.mode in ("check", "all"):
     check([int(m) for m in args.check_ms.split(",")])
   if args.mode == "check":

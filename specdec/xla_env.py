@@ -8,13 +8,15 @@ the H200 (docs/benchmarks.md, session 7): the Qwen3-8B-shape bf16 step at B = 1,
 
 XLA parses XLA_FLAGS once, when JAX starts its first backend, so `apply_defaults` runs when
 specdec is imported; a process that used JAX before that keeps the flags it started with (and
-is warned). Set XLA_FLAGS to name a flag (`...=false`) to run without it.
+is warned). Set XLA_FLAGS to name a flag (`...=false`) to run without it. The kernel benchmarks
+turn the regions off (`serialize_graphs`): they time chains of independent calls.
 """
 
 import os
 import warnings
 
-DEFAULT_FLAGS = ("--xla_gpu_graph_enable_concurrent_region=true",)
+CONCURRENT_REGION = "--xla_gpu_graph_enable_concurrent_region"
+DEFAULT_FLAGS = (f"{CONCURRENT_REGION}=true",)
 
 
 def flag_name(flag: str) -> str:
@@ -28,14 +30,18 @@ def with_defaults(xla_flags: str) -> str:
   return " ".join([*xla_flags.split(), *extra])
 
 
+def _backend_started() -> bool:
+  from jax._src import xla_bridge  # no public way to ask whether a backend has started
+
+  return xla_bridge.backends_are_initialized()
+
+
 def apply_defaults() -> None:
   """Puts the defaults into os.environ["XLA_FLAGS"] (for this process and its children)."""
   flags = with_defaults(os.environ.get("XLA_FLAGS", ""))
   if flags == os.environ.get("XLA_FLAGS", ""):
     return
-  from jax._src import xla_bridge  # no public way to ask whether a backend has started
-
-  if xla_bridge.backends_are_initialized():
+  if _backend_started():
     warnings.warn(
       f"specdec was imported after JAX started a backend: its XLA flags {DEFAULT_FLAGS} do not "
       "apply in this process (import specdec first, or set XLA_FLAGS yourself)",
@@ -43,3 +49,22 @@ def apply_defaults() -> None:
     )
     return
   os.environ["XLA_FLAGS"] = flags
+
+
+def serialize_graphs() -> None:
+  """Turns concurrent regions off for this process (before JAX starts a backend). Kernel
+  benchmarks need it: they sum CUPTI kernel times over a chain of independent calls, which
+  concurrent regions run side by side, so each call's time counts the others' (the first runs
+  with the default read XLA's bf16 dot at 255-409 us per call instead of ~107)."""
+  name = flag_name(CONCURRENT_REGION)
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if flag_name(f) != name]
+  off = " ".join([*flags, f"{CONCURRENT_REGION}=false"])
+  if off == os.environ.get("XLA_FLAGS"):
+    return
+  if _backend_started():
+    raise RuntimeError(
+      "a kernel benchmark needs XLA_FLAGS without concurrent CUDA-graph regions, but JAX has "
+      f"already started a backend: run it in a fresh process, or set {CONCURRENT_REGION}=false "
+      "in XLA_FLAGS first"
+    )
+  os.environ["XLA_FLAGS"] = off

@@ -49,3 +49,27 @@ def test_a_backend_started_before_specdec_keeps_its_flags_and_warns():
   assert p.returncode == 0, p.stderr
   assert p.stdout.split() == ["None"]
   assert "imported after JAX started a backend" in p.stderr
+
+
+def test_kernel_benchmarks_run_their_chains_without_concurrent_regions():
+  # The kernel modules must not start a backend on import, so their mains can still turn the
+  # concurrent regions off (nvfp4_gemv.bench_start); a started backend makes it refuse.
+  code = (
+    "import os\n"
+    "from jax._src import xla_bridge\n"
+    "from kernels_pallas import decode_attention, exl3_gemv, fp8_gemv, nvfp4_gemv\n"
+    "assert not xla_bridge.backends_are_initialized()\n"
+    "nvfp4_gemv.bench_start()\n"
+    "print(os.environ['XLA_FLAGS'])\n"
+    "from specdec import xla_env\n"
+    "os.environ['XLA_FLAGS'] = ''\n"
+    "try:\n"
+    "  xla_env.serialize_graphs()\n"
+    "except RuntimeError as e:\n"
+    "  print('refused:', e)\n"
+  )
+  p = _run(code, "--xla_dump_to=/tmp/x")
+  assert p.returncode == 0, p.stderr
+  lines = p.stdout.splitlines()
+  assert lines[1].split() == ["--xla_dump_to=/tmp/x", FLAG.replace("true", "false")]
+  assert lines[2].startswith("refused: a kernel benchmark needs XLA_FLAGS without concurrent")
