@@ -1,7 +1,7 @@
 """The XLA flags specdec runs with unless XLA_FLAGS already names them.
 
 `--xla_gpu_graph_enable_concurrent_region=true` lets the CUDA graphs XLA builds for a decode step
-run independent kernels (the K and V cache writes, the q and k norms) side by side. Measured on
+run kernels that do not depend on each other side by side (which ones, XLA decides). Measured on
 the H200 (docs/benchmarks.md, session 7): the Qwen3-8B-shape bf16 step at B = 1, 1k went from
 4805.8 / 4723.0 / 4758.2 to 4619.3 / 4659.0 / 4653.5 us (three interleaved legs), NVFP4 from
 2984.5 to 2934.4 us. It changes no value, only the launch order.
