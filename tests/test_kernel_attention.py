@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kernels_pallas import decode_attention as da
+from specdec.models import transformer
 from specdec.models.transformer import attend, attend_xla
 
 # Both paths round P (or its normalized form) to bf16 before P V; against an f32 reference each
@@ -177,6 +178,28 @@ def test_model_attention_reads_fp8_codes_times_scales_off_gpu():
   q, k, v, pos = fp8_inputs(1, 2, 8, 2, 64, 128)
   y = attend(q, k, v, pos, K_SCALE, V_SCALE)
   assert rel_err(y, fp8_reference(q, k, v, pos)) < TOL
+
+
+@pytest.mark.parametrize("takes_codes", [True, False])
+def test_model_attention_dispatch_for_fp8_caches(monkeypatch, takes_codes):
+  # A stand-in kernel module: with codes it gets the stored codes and the scales; where it refuses
+  # them (SMEM), the caches widened by from_cache and no scales; where it refuses both, XLA runs.
+  calls = []
+
+  class Kernels:
+    @staticmethod
+    def supported(q, k, v):
+      return takes_codes or k.dtype != da.FP8
+
+    @staticmethod
+    def decode_attention(q, k, v, pos, *scales):
+      calls.append((k.dtype, scales))
+      return q
+
+  monkeypatch.setattr(transformer, "_attention_kernels", lambda: Kernels)
+  q, k, v, pos = fp8_inputs(1, 2, 8, 2, 64, 128)
+  attend(q, k, v, pos, K_SCALE, V_SCALE)
+  assert calls == ([(da.FP8, (K_SCALE, V_SCALE))] if takes_codes else [(q.dtype, ())])
 
 
 @pytest.mark.gpu

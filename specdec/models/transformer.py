@@ -138,13 +138,13 @@ def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0):
   where it applies (a few queries per kv head; measured faster in docs/benchmarks.md; FP8 codes
   read as they are where SMEM allows, else widened first), else `attend_xla`.
   SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
-
   da = _attention_kernels()
-  if da is None or not da.supported(q_BTNH, k_BSKH, v_BSKH):
-    k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
-    v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
-  if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):
+  if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # the caches as stored
     return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
+  k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
+  v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
+  if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # FP8 codes over SMEM, widened
+    return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT)
   return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT)
 
 
