@@ -685,20 +685,11 @@ def _mosaic_inner(xf_KMX: jax.Array, trellis_KNW: jax.Array, s: _Shape) -> jax.A
   def kernel(x_gmem, t_gmem, o_gmem):
     n0 = jnp.minimum(jax.lax.axis_index("n") * tn, n16 - tn)
     k0 = jax.lax.axis_index("k") * steps
-
-    def body(_, w_smem, x_smem, acc):
-      return step(w_smem, x_smem, acc)
-
-    pipeline = plgpu.emit_pipeline(
-      body,
-      grid=(steps,),
-      in_specs=[
-        plgpu.BlockSpec((tk, tn, w16), lambda i: (k0 + i, 0, 0)),
-        plgpu.BlockSpec((tk, m, xf_KMX.shape[-1]), lambda i: (k0 + i, 0, 0)),
-      ],
-      max_concurrent_steps=min(config.max_concurrent_steps, steps),
-      init_carry=plgpu.layout_cast(jnp.zeros(acc_shape, jnp.float32), plgpu.Layout.WGMMA),
-    )
+    specs = [
+      plgpu.BlockSpec((tk, tn, w16), lambda i: (k0 + i, 0, 0)),
+      plgpu.BlockSpec((tk, m, xf_KMX.shape[-1]), lambda i: (k0 + i, 0, 0)),
+    ]
+    pipeline = nv.acc_pipeline(step, specs, steps, config.max_concurrent_steps, acc_shape)
     acc = pipeline(t_gmem.at[:, pl.ds(n0, tn)], x_gmem)
     out = o_gmem.at[jax.lax.axis_index("k"), :, pl.ds(n0 * TILE, tn * TILE)]
     # The pipeline's buffers are free again here, so the reduction scratch reuses their SMEM.
@@ -760,18 +751,7 @@ def supported(x_MK: jax.Array, w: EXL3Weight, config: TuningConfig | None = None
   return nv.kernel_takes(x_MK, w.trellis.ndim == 3, check)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "implementation"))
-def exl3_matmul(
-  x_MK: jax.Array,
-  w: EXL3Weight,
-  *,
-  config: TuningConfig | None = None,
-  implementation: str | None = None,
-) -> jax.Array:
-  """x [M, in] @ W -> [M, out] in x's dtype; the Mosaic GPU kernel where it applies, else XLA (see
-  `nvfp4_gemv.use_kernel` for `implementation`)."""
-  if not nv.use_kernel(implementation, supported(x_MK, w, config)):
-    return w.dense_matmul(x_MK)
+def _kernel_matmul(x_MK: jax.Array, w: EXL3Weight, config: TuningConfig | None) -> jax.Array:
   n_in_p, n_out_p = w.padded_shape
   x_MK32 = jnp.pad(x_MK.astype(jnp.float32), ((0, 0), (0, n_in_p - x_MK.shape[1])))
   xh_MK = had_cols(x_MK32 * w.suh.astype(jnp.float32))
@@ -779,6 +759,21 @@ def exl3_matmul(
   if w.bias is not None:
     y_MN = y_MN + w.bias.astype(jnp.float32)
   return y_MN[:, : w.out_features].astype(x_MK.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "implementation"))
+def exl3_matmul(x_MK: jax.Array, w: EXL3Weight, *, config=None, implementation=None) -> jax.Array:
+  """x [M, in] @ W -> [M, out] in x's dtype; the Mosaic GPU kernel where it applies, else XLA (see
+  `nvfp4_gemv.use_kernel` for `implementation`)."""
+  return nv.dispatch(
+    x_MK,
+    w,
+    config,
+    implementation,
+    supported=supported,
+    fallback=lambda x_MK, w: w.dense_matmul(x_MK),
+    kernel=_kernel_matmul,
+  )
 
 
 # ------------------------------------------------------------------------------------------------

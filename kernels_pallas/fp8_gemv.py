@@ -256,20 +256,11 @@ def _mosaic_matmul(x_MK: jax.Array, w: FP8Weight, config: TuningConfig) -> jax.A
   def kernel(x_gmem, w_gmem, scale_gmem, o_gmem):
     rows = pl.ds(jnp.minimum(jax.lax.axis_index("n") * tn, n - tn), tn)
     k0 = jax.lax.axis_index("k") * steps
-
-    def body(_, w_smem, x_smem, acc):
-      return step(w_smem, x_smem, acc)
-
-    pipeline = plgpu.emit_pipeline(
-      body,
-      grid=(steps,),
-      in_specs=[
-        plgpu.BlockSpec((tn, 1, TILE_K), lambda i: (0, k0 + i, 0), transforms=_SWIZZLED),
-        plgpu.BlockSpec((m, TILE_K // 64, 64), lambda i: (0, k0 + i, 0), transforms=_SWIZZLED),
-      ],
-      max_concurrent_steps=min(config.max_concurrent_steps, steps),
-      init_carry=plgpu.layout_cast(jnp.zeros(acc_shape, jnp.float32), plgpu.Layout.WGMMA),
-    )
+    specs = [
+      plgpu.BlockSpec((tn, 1, TILE_K), lambda i: (0, k0 + i, 0), transforms=_SWIZZLED),
+      plgpu.BlockSpec((m, TILE_K // 64, 64), lambda i: (0, k0 + i, 0), transforms=_SWIZZLED),
+    ]
+    pipeline = nv.acc_pipeline(step, specs, steps, config.max_concurrent_steps, acc_shape)
     acc = pipeline(w_gmem.at[rows], x_gmem)
     out = o_gmem.at[:, rows] if splits == 1 else o_gmem.at[jax.lax.axis_index("k"), :, rows]
     # The pipeline's buffers are free again here, so the reduction scratch reuses their SMEM.
@@ -316,21 +307,19 @@ def supported(x_MK: jax.Array, w: FP8Weight, config: TuningConfig | None = None)
   return nv.kernel_takes(x_MK, w.codes_NK.ndim == 2, check)
 
 
+def _kernel_matmul(x_MK: jax.Array, w: FP8Weight, config: TuningConfig | None) -> jax.Array:
+  m, k = x_MK.shape
+  return _mosaic_matmul(x_MK, w, config or default_config(m, k, w.shape[1]))
+
+
 @functools.partial(jax.jit, static_argnames=("config", "implementation"))
-def fp8_matmul(
-  x_MK: jax.Array,
-  w: FP8Weight,
-  *,
-  config: TuningConfig | None = None,
-  implementation: str | None = None,
-) -> jax.Array:
+def fp8_matmul(x_MK: jax.Array, w: FP8Weight, *, config=None, implementation=None) -> jax.Array:
   """x [M, K] @ w (K, N) -> bf16 [M, N]; the Mosaic GPU kernel where it applies, else XLA (see
   `nvfp4_gemv.use_kernel` for `implementation`)."""
   _check_operands(x_MK, w)
-  if not nv.use_kernel(implementation, supported(x_MK, w, config)):
-    return xla_matmul(x_MK, w)
-  m, k = x_MK.shape
-  return _mosaic_matmul(x_MK, w, config or default_config(m, k, w.shape[1]))
+  return nv.dispatch(
+    x_MK, w, config, implementation, supported=supported, fallback=xla_matmul, kernel=_kernel_matmul
+  )
 
 
 # ------------------------------------------------------------------------------------------------

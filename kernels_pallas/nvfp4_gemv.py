@@ -797,6 +797,18 @@ def gemv_out_type(m: int, n: int, splits: int) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct((splits, m, n), jnp.float32)
 
 
+def acc_pipeline(step, in_specs, steps: int, stages: int, acc_shape):
+  """The K pipeline of every GEMV kernel here: `steps` TMA steps through min(stages, steps)
+  slots, each step(*smem_refs, acc) -> acc on an f32 WGMMA-layout accumulator that starts at 0."""
+  return plgpu.emit_pipeline(
+    lambda _, *smem_and_acc: step(*smem_and_acc),
+    grid=(steps,),
+    in_specs=in_specs,
+    max_concurrent_steps=min(stages, steps),
+    init_carry=plgpu.layout_cast(jnp.zeros(acc_shape, jnp.float32), plgpu.Layout.WGMMA),
+  )
+
+
 def launch(kernel, out_type, n_blocks: int, splits: int):
   """The (n, k) grid launch every GEMV kernel here uses: one warpgroup per CTA, Lane semantics."""
   return plgpu.kernel(
@@ -862,10 +874,6 @@ def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax
   def kernel(x_gmem, w_gmem, s_gmem, g_gmem, o_gmem):
     rows = pl.ds(jnp.minimum(jax.lax.axis_index("n") * tn, n - tn), tn)
     k0 = jax.lax.axis_index("k") * steps
-
-    def body(_, *smem_and_acc):
-      return step(*smem_and_acc)
-
     specs = []
     for j in range(L):  # line j of step i is 256-k line (k0 + i) L + j
       line = lambda i, j=j: (0, (k0 + i) * L + j, 0)  # noqa: E731
@@ -874,13 +882,7 @@ def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax
         plgpu.BlockSpec((tn, 1, TILE_K // GROUP), line),
         plgpu.BlockSpec((m, TILE_K // 64, 64), line, transforms=_SWIZZLED),
       ]
-    pipeline = plgpu.emit_pipeline(
-      body,
-      grid=(steps,),
-      in_specs=specs,
-      max_concurrent_steps=min(config.max_concurrent_steps, steps),
-      init_carry=plgpu.layout_cast(jnp.zeros(acc_shape, jnp.float32), plgpu.Layout.WGMMA),
-    )
+    pipeline = acc_pipeline(step, specs, steps, config.max_concurrent_steps, acc_shape)
     acc = pipeline(*(w_gmem.at[rows], s_gmem.at[rows], x_gmem) * L)
     out = o_gmem.at[:, rows] if splits == 1 else o_gmem.at[jax.lax.axis_index("k"), :, rows]
     # The pipeline's buffers are free again here, so the reduction scratch reuses their SMEM.
@@ -935,20 +937,26 @@ def supported(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig | None = Non
   return kernel_takes(x_MK, w.packed_NP.ndim == 2, check)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "implementation"))
-def nvfp4_matmul(
-  x_MK: jax.Array,
-  w: NVFP4Weight,
-  *,
-  config: TuningConfig | None = None,
-  implementation: str | None = None,
-) -> jax.Array:
-  """x [M, K] @ w (K, N) -> bf16 [M, N]; the Mosaic GPU kernel where it applies, else XLA (see
-  `use_kernel` for `implementation`)."""
+def dispatch(x_MK, w, config, implementation, *, supported, fallback, kernel) -> jax.Array:
+  """The one dispatch of every weight type's public matmul here: kernel(x_MK, w, config) where
+  `use_kernel(implementation, supported(x_MK, w, config))`, else fallback(x_MK, w)."""
   if not use_kernel(implementation, supported(x_MK, w, config)):
-    return xla_matmul(x_MK, w)
+    return fallback(x_MK, w)
+  return kernel(x_MK, w, config)
+
+
+def _kernel_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig | None) -> jax.Array:
   m, k = x_MK.shape
   return _mosaic_matmul(x_MK, w, config or default_config(m, k, w.shape[1]))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "implementation"))
+def nvfp4_matmul(x_MK: jax.Array, w: NVFP4Weight, *, config=None, implementation=None) -> jax.Array:
+  """x [M, K] @ w (K, N) -> bf16 [M, N]; the Mosaic GPU kernel where it applies, else XLA (see
+  `use_kernel` for `implementation`)."""
+  return dispatch(
+    x_MK, w, config, implementation, supported=supported, fallback=xla_matmul, kernel=_kernel_matmul
+  )
 
 
 # ------------------------------------------------------------------------------------------------

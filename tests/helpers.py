@@ -1,9 +1,20 @@
-"""Small shared builders for tests."""
+"""Small shared builders and checks for tests."""
 
+import functools
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels_pallas.nvfp4_gemv import rel_err
+from specdec.checkpoint.safetensors_io import read_tensors
 from specdec.model import Model
 from specdec.models.config import from_hf_dict
 
 GOLDEN = "tests/fixtures/golden"
+QUANT_FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "quant"
 
 
 def tiny_config(**kw):
@@ -52,3 +63,55 @@ def result_row(**over):
   }
   row.update(over)
   return row
+
+
+@functools.cache
+def quant_tensors(name: str) -> dict[str, np.ndarray]:
+  return read_tensors(str(QUANT_FIXTURES / name))
+
+
+@functools.cache
+def _dense_of() -> dict[str, str]:
+  raw = (QUANT_FIXTURES / "ct_reference.safetensors").read_bytes()
+  header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+  return json.loads(header["__metadata__"]["fixture"])["dense_of"]
+
+
+def dense_KN(module: str) -> np.ndarray:
+  """The original weight of a quant fixture's module, (in, out)."""
+  return quant_tensors("ct_reference.safetensors")[_dense_of()[module] + ".dense"].T
+
+
+def with_changes(tensors: dict, prefix: str, changes: dict) -> dict:
+  """A copy of a checkpoint's `tensors` with each `prefix.suffix` of `changes` set to its value,
+  or dropped where the value is None."""
+  out = dict(tensors)
+  for suffix, value in changes.items():
+    if value is None:
+      out.pop(f"{prefix}.{suffix}")
+    else:
+      out[f"{prefix}.{suffix}"] = value
+  return out
+
+
+def ref_f32(x, w):
+  """x @ w for a quantized w, in f32 at full precision from its f32 dequantization."""
+  return np.asarray(jnp.dot(x.astype(jnp.float32), w.dequantize(jnp.float32), precision="highest"))
+
+
+def check_falls_back_to_xla(matmul, reference, w, tol):
+  """On a CPU a GEMV kernel's `matmul` takes XLA's path: for x [4, K] a bf16 result within `tol`
+  of `ref_f32`, as is `reference`'s. Returns x."""
+  x = jax.random.normal(jax.random.key(0), (4, w.shape[0]), jnp.bfloat16)
+  y = matmul(x, w)
+  assert y.dtype == jnp.bfloat16
+  assert rel_err(y, ref_f32(x, w)) < tol
+  assert rel_err(reference(x, w), ref_f32(x, w)) < tol
+  return x
+
+
+def check_lowers_to_mosaic_gpu(matmul, w, m, k):
+  """matmul(x [m, k] bf16, w), exported for cuda from any host, is a Mosaic GPU custom call."""
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  text = jax.export.export(jax.jit(matmul), platforms=["cuda"])(x, w).mlir_module()
+  assert "mosaic_gpu" in text

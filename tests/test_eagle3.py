@@ -14,22 +14,17 @@ import numpy as np
 import pytest
 
 from specdec.checkpoint.safetensors_io import read_tensors, write_tensors
-from specdec.decoding.sampling import Sampling
-from specdec.drafters.base import Context
 from specdec.drafters.eagle3 import draft_vocab_from_tokens, eagle3, load_eagle3, save_eagle3
 from specdec.models.transformer import KVCache
 from specdec.training import eagle3 as eagle3_train
 from specdec.training.mtp import ChainTraining
 from tests.test_mtp import (
   LABELS,
+  TRAINED_HEAD_CHECKS,
   baselines,
   check_causal,
-  check_greedy_identity,
-  check_padding_ignored,
-  check_rollback,
+  check_sampled_q,
   generate,
-  propose_jit,
-  start,
   toy_batches,
   toy_prompts,
   toy_target,
@@ -42,14 +37,8 @@ CFG = eagle3_train.Eagle3TrainConfig(
 )
 
 
-@pytest.fixture(scope="module")
-def target():
-  return toy_target()
-
-
-@pytest.fixture(scope="module")
-def baseline(target):
-  return baselines(target)
+target = pytest.fixture(toy_target, scope="module")
+baseline = pytest.fixture(baselines, scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -103,16 +92,9 @@ def test_head_is_causal(target, draft_ids):
   )
 
 
-def test_prompt_padding_does_not_leak(target, head):
-  check_padding_ignored(target, head)
-
-
-def test_rollback_matches_fresh_prefill(target, head):
-  check_rollback(target, head)
-
-
-def test_greedy_identity(target, baseline, head):
-  check_greedy_identity(target, head, baseline)
+@pytest.mark.parametrize("check", TRAINED_HEAD_CHECKS.values(), ids=list(TRAINED_HEAD_CHECKS))
+def test_trained_head_checks(target, baseline, head, check):
+  check(target, head, baseline)
 
 
 def test_trained_head_drafts_the_continuation(target, head):
@@ -129,17 +111,10 @@ def test_trained_head_drafts_the_continuation(target, head):
 
 
 def test_fullq_q_lives_on_the_draft_vocabulary(target, head, draft_ids):
-  st, _ = start(target, head, toy_prompts(), k=4)
-  ctx = Context(st.tokens, st.lengths)
-  d_BK, q_BKV, _ = propose_jit(
-    head, head.params, st.draft, ctx, 4, Sampling(1.0), jax.random.key(2)
-  )
-  q_BKV = np.asarray(q_BKV)
-  assert q_BKV.shape == (3, 4, 64)
-  np.testing.assert_allclose(q_BKV.sum(-1), 1.0, atol=1e-5)
+  d_BK, q_BKV = check_sampled_q(target, head)
   outside = np.setdiff1d(np.arange(64), draft_ids)
   assert np.all(q_BKV[..., outside] == 0)
-  assert np.isin(np.asarray(d_BK), draft_ids).all()
+  assert np.isin(d_BK, draft_ids).all()
 
 
 def test_export_round_trip(target, head, tmp_path):

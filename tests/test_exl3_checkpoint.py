@@ -20,6 +20,7 @@ from specdec.quant.exl3 import (
   read_linear,
   write_linear,
 )
+from tests.helpers import with_changes
 
 FIXTURE = Path(__file__).parent / "fixtures" / "exl3"
 P = "model.layers.7.mlp.up_proj"
@@ -91,13 +92,7 @@ def _good_tensors(bits=2, n_in=128, n_out=256):
 
 
 def _with(**changes):
-  tensors = _good_tensors()
-  for suffix, value in changes.items():
-    if value is None:
-      tensors.pop(f"{P}.{suffix}")
-    else:
-      tensors[f"{P}.{suffix}"] = value
-  return tensors
+  return with_changes(_good_tensors(), P, changes)
 
 
 BAD = {

@@ -2,7 +2,6 @@
 
 import functools
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +9,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from specdec.checkpoint.safetensors_io import read_tensors
 from specdec.quant import fp8
 from specdec.quant.errors import QuantFormatError
 from specdec.quant.layouts import (
@@ -23,8 +21,8 @@ from specdec.quant.layouts import (
   write_quant_config,
 )
 from specdec.quant.matmul import QuantizedWeight, matmul
+from tests.helpers import QUANT_FIXTURES, dense_KN, quant_tensors
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "quant"
 E4M3 = ml_dtypes.float8_e4m3fn
 TENSOR = "model.layers.0.self_attn.q_proj"  # f32 weights, per-tensor scale, static input_scale
 CHANNEL = "model.layers.0.self_attn.k_proj"  # f32 1e-4..1e4 rows and an all-zero row, per channel
@@ -32,20 +30,8 @@ BF16 = "model.layers.1.self_attn.q_proj"  # bf16 weights: compressed-tensors sto
 
 
 @functools.cache
-def tensors(name: str) -> dict[str, np.ndarray]:
-  return read_tensors(str(FIXTURES / name))
-
-
-@functools.cache
 def scheme():
-  return parse_quant_config(json.loads((FIXTURES / "ct_config.json").read_text()))
-
-
-def dense_KN(module: str) -> np.ndarray:
-  raw = (FIXTURES / "ct_reference.safetensors").read_bytes()
-  header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
-  source = json.loads(header["__metadata__"]["fixture"])["dense_of"][module]
-  return tensors("ct_reference.safetensors")[source + ".dense"].T
+  return parse_quant_config(json.loads((QUANT_FIXTURES / "ct_config.json").read_text()))
 
 
 def getter(d: dict):
@@ -59,15 +45,16 @@ def bits(a) -> np.ndarray:
 
 @pytest.mark.parametrize("module", [TENSOR, CHANNEL, BF16])
 def test_dequant_equals_compressed_tensors_bit_for_bit(module):
-  w = read_linear(scheme(), module, getter(tensors("ct_model.safetensors")), shape=(64, 32))
+  w = read_linear(scheme(), module, getter(quant_tensors("ct_model.safetensors")), shape=(64, 32))
   assert isinstance(w, fp8.FP8Weight)
-  ref = tensors("ct_reference.safetensors")[module + ".dequant"]  # f32, or bf16 for a bf16 scale
+  # f32, or bf16 for a bf16 scale
+  ref = quant_tensors("ct_reference.safetensors")[module + ".dequant"]
   np.testing.assert_array_equal(bits(w.dequantize(ref.dtype).T), bits(ref))
 
 
 @pytest.mark.parametrize("module, per_channel", [(TENSOR, False), (CHANNEL, True)])
 def test_quantizer_reproduces_compressed_tensors(module, per_channel):
-  ckpt = tensors("ct_model.safetensors")
+  ckpt = quant_tensors("ct_model.safetensors")
   q = fp8.quantize(dense_KN(module), per_channel=per_channel)
   np.testing.assert_array_equal(bits(q.codes_NK), bits(ckpt[module + ".weight"]))
   scale = ckpt[module + ".weight_scale"].reshape(-1)
@@ -77,7 +64,7 @@ def test_quantizer_reproduces_compressed_tensors(module, per_channel):
 def test_bf16_weights_differ_from_compressed_tensors_only_by_its_bf16_arithmetic():
   """For bf16 weights compressed-tensors rounds amax/448 and w/scale to bf16 before the e4m3 cast;
   emulating that reproduces its codes exactly, and our f32 codes are at most one e4m3 step away."""
-  ckpt = tensors("ct_model.safetensors")
+  ckpt = quant_tensors("ct_model.safetensors")
   w_NK = dense_KN(BF16).T
   bf16, f32 = ml_dtypes.bfloat16, np.float32
   scale = (f32(np.abs(w_NK).max()) / f32(448)).astype(bf16)
@@ -134,7 +121,7 @@ def test_fused_projection_keeps_one_scale_per_shard():
 
 
 def bad_reads():
-  ckpt = tensors("ct_model.safetensors")
+  ckpt = quant_tensors("ct_model.safetensors")
   good = {k: v for k, v in ckpt.items() if k.startswith(TENSOR + ".")}
   w, s = good[TENSOR + ".weight"], good[TENSOR + ".weight_scale"]
   return {
@@ -173,7 +160,7 @@ def test_bad_tensors_raise_naming_the_tensor(case):
 
 
 def test_wrong_shape_and_wrong_kind_are_refused():
-  ckpt = tensors("ct_model.safetensors")
+  ckpt = quant_tensors("ct_model.safetensors")
   with pytest.raises(QuantFormatError, match=rf"{TENSOR}\.weight: .*\(64, 32\).*\(32, 64\)"):
     read_linear(scheme(), TENSOR, getter(ckpt), shape=(32, 64))
   nvfp4_name = "model.layers.0.mlp.gate_proj"

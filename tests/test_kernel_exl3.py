@@ -22,6 +22,7 @@ from specdec.quant.exl3 import Codebook, EXL3Weight, decode_states
 from specdec.quant.exl3 import codebook as cb
 from specdec.quant.exl3.bitstream import unpack_states
 from specdec.quant.exl3.layout import tiles_to_matrix
+from tests.helpers import check_lowers_to_mosaic_gpu
 
 CODEBOOKS = list(Codebook)
 # The kernel uses each weight's exact codebook value (mul1's affine before its fp16 rounding, the
@@ -187,10 +188,9 @@ def test_x_fragments_put_each_lanes_values_together():
 )
 def test_kernel_lowers_for_cuda_on_cpu(m, k, n, bits, codebook, config):
   w = jax.eval_shape(lambda: kern.random_weight(jax.random.key(0), k, n, bits, codebook))
-  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
-  fn = jax.jit(lambda x, w: kern.exl3_matmul(x, w, config=config, implementation="mosaic"))
-  text = jax.export.export(fn, platforms=["cuda"])(x, w).mlir_module()
-  assert "mosaic_gpu" in text
+  check_lowers_to_mosaic_gpu(
+    lambda x, w: kern.exl3_matmul(x, w, config=config, implementation="mosaic"), w, m, k
+  )
 
 
 def test_default_config_balances_the_chip():

@@ -16,6 +16,7 @@ import pytest
 
 from kernels_pallas import fp8_gemv as kern
 from specdec.quant import fp8
+from tests.helpers import check_falls_back_to_xla, check_lowers_to_mosaic_gpu, ref_f32
 from tests.ptx_interp import run_ptx
 
 # bf16 output of an f32 accumulation: one bf16 rounding (2^-9 relative) dominates; the kernel's
@@ -25,10 +26,6 @@ TOL = 1e-2
 
 def weight(k, n, seed=0):
   return kern.random_weight(jax.random.key(seed), k, n)
-
-
-def ref_f32(x, w):
-  return np.asarray(jnp.dot(x.astype(jnp.float32), w.dequantize(jnp.float32), precision="highest"))
 
 
 def bf16x2_to_f32(word):
@@ -90,20 +87,13 @@ def test_default_config_balances_the_chip():
 @pytest.mark.parametrize("m,k,n", [(1, 8192, 28672), (16, 5120, 17408), (5, 384, 128)])
 def test_kernel_lowers_for_cuda_on_cpu(m, k, n):
   w = jax.eval_shape(lambda: weight(k, n))
-  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
   config = kern.default_config(m, k, n)
-  fn = jax.jit(lambda x, w: kern._mosaic_matmul(x, w, config))
-  text = jax.export.export(fn, platforms=["cuda"])(x, w).mlir_module()
-  assert "mosaic_gpu" in text
+  check_lowers_to_mosaic_gpu(lambda x, w: kern._mosaic_matmul(x, w, config), w, m, k)
 
 
 def test_dispatch_falls_back_to_xla_on_cpu():
   w = weight(512, 128)
-  x = jax.random.normal(jax.random.key(0), (4, 512), jnp.bfloat16)
-  y = kern.fp8_matmul(x, w)
-  assert y.dtype == jnp.bfloat16
-  assert kern.nv.rel_err(y, ref_f32(x, w)) < TOL
-  assert kern.nv.rel_err(kern.reference(x, w), ref_f32(x, w)) < TOL
+  x = check_falls_back_to_xla(kern.fp8_matmul, kern.reference, w, TOL)
   y3 = w.matmul(x.reshape(2, 2, 512))
   np.testing.assert_array_equal(np.asarray(y3).reshape(4, 128), np.asarray(kern.xla_matmul(x, w)))
 

@@ -19,6 +19,7 @@ import pytest
 
 from kernels_pallas import nvfp4_gemv as kern
 from specdec.quant import nvfp4
+from tests.helpers import check_falls_back_to_xla, check_lowers_to_mosaic_gpu, ref_f32
 from tests.ptx_interp import run_ptx
 
 # bf16 output of an f32 accumulation: one bf16 rounding (2^-9 relative) dominates; the reference
@@ -29,10 +30,6 @@ TOL = 1e-2
 def weight(k, n, seed=0, divides=False):
   w = kern.random_weight(jax.random.key(seed), k, n)
   return nvfp4.NVFP4Weight(w.packed_NP, w.scales_NG, w.global_scale_N, divides)
-
-
-def ref_f32(x, w):
-  return np.asarray(jnp.dot(x.astype(jnp.float32), w.dequantize(jnp.float32), precision="highest"))
 
 
 def in_order(words, order):
@@ -166,20 +163,12 @@ def test_default_config_balances_the_chip():
 @pytest.mark.parametrize("lines", [1, 2])
 def test_kernel_lowers_for_cuda_on_cpu(m, k, n, order, lines):
   w = jax.eval_shape(lambda: kern.random_weight(jax.random.key(0), k, n).in_order(order))
-  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
   config = dataclasses.replace(kern.default_config(m, k, n), lines=lines, max_concurrent_steps=2)
-  fn = jax.jit(lambda x, w: kern._mosaic_matmul(x, w, config))
-  text = jax.export.export(fn, platforms=["cuda"])(x, w).mlir_module()
-  assert "mosaic_gpu" in text
+  check_lowers_to_mosaic_gpu(lambda x, w: kern._mosaic_matmul(x, w, config), w, m, k)
 
 
 def test_dispatch_falls_back_to_xla_on_cpu():
-  w = weight(512, 128)
-  x = jax.random.normal(jax.random.key(0), (4, 512), jnp.bfloat16)
-  y = kern.nvfp4_matmul(x, w)
-  assert y.dtype == jnp.bfloat16
-  assert kern.rel_err(y, ref_f32(x, w)) < TOL
-  assert kern.rel_err(kern.reference(x, w), ref_f32(x, w)) < TOL
+  check_falls_back_to_xla(kern.nvfp4_matmul, kern.reference, weight(512, 128), TOL)
 
 
 def test_bad_shapes_are_rejected():

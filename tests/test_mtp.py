@@ -126,6 +126,20 @@ def check_padding_ignored(target, drafter, k=4):
   np.testing.assert_array_equal(a, b)
 
 
+def check_sampled_q(target, drafter):
+  """One temperature-1 proposal of 4 drafts for the toy prompts: its q is a distribution over the
+  whole vocabulary at every draft. Returns the drafts d_BK and q_BKV."""
+  st, _ = start(target, drafter, toy_prompts(), k=4)
+  ctx = Context(st.tokens, st.lengths)
+  d_BK, q_BKV, _ = propose_jit(
+    drafter, drafter.params, st.draft, ctx, 4, Sampling(1.0), jax.random.key(2)
+  )
+  q_BKV = np.asarray(q_BKV)
+  assert q_BKV.shape == (3, 4, 64)
+  np.testing.assert_allclose(q_BKV.sum(-1), 1.0, atol=1e-5)
+  return np.asarray(d_BK), q_BKV
+
+
 def check_rollback(target, drafter, k=4, n_steps=2):
   """After steps with accepted and rejected drafts, the head's cache equals, on every slot it
   may attend to, that of a fresh prefill of the committed text, and it drafts the same tokens:
@@ -163,6 +177,15 @@ def check_greedy_identity(target, drafter, baseline):
       out = generate(target, toy_prompts()[:B], drafter, k)
       assert out.tokens == baseline[B], (B, k)
       assert sum(out.stats["rows"]["proposed"]) == k * sum(out.stats["rows"]["steps"])
+
+
+# What every trained head of the toy world passes, each called (target, drafter, baseline); one
+# parametrized test runs them here and one in test_eagle3.py.
+TRAINED_HEAD_CHECKS = {
+  "prompt_padding_does_not_leak": lambda target, drafter, _: check_padding_ignored(target, drafter),
+  "rollback_matches_fresh_prefill": lambda target, drafter, _: check_rollback(target, drafter),
+  "greedy_identity": check_greedy_identity,
+}
 
 
 @pytest.fixture(scope="module")
@@ -213,16 +236,9 @@ def test_head_is_causal(target):
   check_causal(target, mtp(target, seed=3))
 
 
-def test_prompt_padding_does_not_leak(target, qwen_head):
-  check_padding_ignored(target, qwen_head)
-
-
-def test_rollback_matches_fresh_prefill(target, qwen_head):
-  check_rollback(target, qwen_head)
-
-
-def test_greedy_identity(target, baseline, qwen_head):
-  check_greedy_identity(target, qwen_head, baseline)
+@pytest.mark.parametrize("check", TRAINED_HEAD_CHECKS.values(), ids=list(TRAINED_HEAD_CHECKS))
+def test_trained_head_checks(target, baseline, qwen_head, check):
+  check(target, qwen_head, baseline)
 
 
 def test_greedy_identity_deepseek_variant(target, baseline, deepseek_head):
@@ -245,15 +261,8 @@ def test_shares_the_targets_embedding_and_head(target, qwen_head):
 
 
 def test_fullq_drafts_are_samples_of_q(target, qwen_head):
-  st, _ = start(target, qwen_head, toy_prompts(), k=4)
-  ctx = Context(st.tokens, st.lengths)
-  d_BK, q_BKV, _ = propose_jit(
-    qwen_head, qwen_head.params, st.draft, ctx, 4, Sampling(1.0), jax.random.key(2)
-  )
-  q_BKV = np.asarray(q_BKV)
-  assert q_BKV.shape == (3, 4, 64)
-  np.testing.assert_allclose(q_BKV.sum(-1), 1.0, atol=1e-5)
-  assert np.all(np.take_along_axis(q_BKV, np.asarray(d_BK)[..., None], -1) > 0)
+  d_BK, q_BKV = check_sampled_q(target, qwen_head)
+  assert np.all(np.take_along_axis(q_BKV, d_BK[..., None], -1) > 0)
 
 
 # --- Layouts ----------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 import functools
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +9,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from specdec.checkpoint.safetensors_io import read_tensors
 from specdec.quant import nvfp4
 from specdec.quant.errors import QuantFormatError
 from specdec.quant.layouts import (
@@ -23,8 +21,8 @@ from specdec.quant.layouts import (
   write_quant_config,
 )
 from specdec.quant.matmul import QuantizedWeight, matmul
+from tests.helpers import QUANT_FIXTURES, dense_KN, quant_tensors, with_changes
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "quant"
 PREFIX = r"model\.layers\.0\.mlp\.gate_proj"
 E4M3 = ml_dtypes.float8_e4m3fn
 MODULES = {  # module -> the fixture matrix it holds
@@ -37,25 +35,8 @@ F32_MODULES = list(MODULES)[:3]
 
 
 @functools.cache
-def tensors(name: str) -> dict[str, np.ndarray]:
-  return read_tensors(str(FIXTURES / name))
-
-
-@functools.cache
 def config(name: str) -> dict:
-  return json.loads((FIXTURES / name).read_text())
-
-
-@functools.cache
-def dense_of() -> dict[str, str]:
-  raw = (FIXTURES / "ct_reference.safetensors").read_bytes()
-  header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
-  return json.loads(header["__metadata__"]["fixture"])["dense_of"]
-
-
-def dense_KN(module: str) -> np.ndarray:
-  """The original weight, (in, out)."""
-  return tensors("ct_reference.safetensors")[dense_of()[module] + ".dense"].T
+  return json.loads((QUANT_FIXTURES / name).read_text())
 
 
 def ct_scheme():
@@ -80,9 +61,9 @@ def bits(a) -> np.ndarray:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_dequant_equals_compressed_tensors_bit_for_bit(module):
-  w = read_linear(ct_scheme(), module, getter(tensors("ct_model.safetensors")))
+  w = read_linear(ct_scheme(), module, getter(quant_tensors("ct_model.safetensors")))
   assert isinstance(w, nvfp4.NVFP4Weight) and w.global_divides
-  ref = tensors("ct_reference.safetensors")
+  ref = quant_tensors("ct_reference.safetensors")
   np.testing.assert_array_equal(
     bits(w.dequantize(jnp.float32).T), bits(ref[module + ".dequant_f32"])
   )
@@ -94,20 +75,27 @@ def test_dequant_equals_compressed_tensors_bit_for_bit(module):
 
 def test_dequant_equals_modelopt_bit_for_bit():
   module = "model.layers.0.mlp.gate_proj"
-  w = read_linear(mo_scheme(), module, getter(tensors("mo_model.safetensors")))
+  w = read_linear(mo_scheme(), module, getter(quant_tensors("mo_model.safetensors")))
   assert not w.global_divides
-  ref = tensors("mo_reference.safetensors")[module + ".dequant_f32"]
+  ref = quant_tensors("mo_reference.safetensors")[module + ".dequant_f32"]
   ours = np.asarray(w.dequantize(jnp.float32).T)
   # ModelOpt decodes code 8 as +0.0 where compressed-tensors (and we, and JAX's float4) give -0.0.
   np.testing.assert_array_equal(bits(ours + 0.0), bits(ref))
 
 
+def check_quantizer(checkpoint: str, module: str, convention: str, codes: str):
+  """Quantizing the module's original weight by `convention` gives the checkpoint's codes (named
+  module.`codes`) and block scales, bit for bit. Returns the quantized weight and the checkpoint."""
+  ckpt = quant_tensors(checkpoint)
+  q = nvfp4.quantize(dense_KN(module), convention=convention)
+  np.testing.assert_array_equal(np.asarray(q.packed_NP), ckpt[f"{module}.{codes}"])
+  np.testing.assert_array_equal(bits(q.scales_NG), bits(ckpt[module + ".weight_scale"]))
+  return q, ckpt
+
+
 @pytest.mark.parametrize("module", F32_MODULES)
 def test_quantizer_reproduces_compressed_tensors(module):
-  ckpt = tensors("ct_model.safetensors")
-  q = nvfp4.quantize(dense_KN(module), convention="compressed-tensors")
-  np.testing.assert_array_equal(np.asarray(q.packed_NP), ckpt[module + ".weight_packed"])
-  np.testing.assert_array_equal(bits(q.scales_NG), bits(ckpt[module + ".weight_scale"]))
+  q, ckpt = check_quantizer("ct_model.safetensors", module, "compressed-tensors", "weight_packed")
   np.testing.assert_array_equal(
     bits(q.global_scale_N[:1]), bits(ckpt[module + ".weight_global_scale"])
   )
@@ -116,10 +104,7 @@ def test_quantizer_reproduces_compressed_tensors(module):
 @pytest.mark.parametrize("module", MODULES)
 def test_quantizer_reproduces_modelopt(module):
   # ModelOpt computes in f32 even for bf16 weights, so the bf16 matrix matches too.
-  ckpt = tensors("mo_model.safetensors")
-  q = nvfp4.quantize(dense_KN(module), convention="modelopt")
-  np.testing.assert_array_equal(np.asarray(q.packed_NP), ckpt[module + ".weight"])
-  np.testing.assert_array_equal(bits(q.scales_NG), bits(ckpt[module + ".weight_scale"]))
+  q, ckpt = check_quantizer("mo_model.safetensors", module, "modelopt", "weight")
   assert np.float32(q.global_scale_N[0]) == ckpt[module + ".weight_scale_2"]
 
 
@@ -128,7 +113,7 @@ def test_bf16_weights_differ_from_compressed_tensors_only_by_its_bf16_intermedia
   evaluates `2688 / t` as reciprocal(t) * 2688; we compute in f32. Emulating those roundings
   reproduces its scales exactly, and the remaining gap is bounded."""
   module = "model.layers.1.mlp.gate_proj"
-  ckpt = tensors("ct_model.safetensors")
+  ckpt = quant_tensors("ct_model.safetensors")
   w_NK = dense_KN(module).T
   bf16, f32 = ml_dtypes.bfloat16, np.float32
   amax = np.abs(w_NK).max()
@@ -282,7 +267,7 @@ def test_fused_projection_keeps_one_global_scale_per_shard():
 
 @pytest.mark.parametrize("scheme_of, ckpt_name", [(ct_scheme, "ct_model"), (mo_scheme, "mo_model")])
 def test_unquantized_exceptions_read_dense(scheme_of, ckpt_name):
-  scheme, ckpt = scheme_of(), tensors(f"{ckpt_name}.safetensors")
+  scheme, ckpt = scheme_of(), quant_tensors(f"{ckpt_name}.safetensors")
   assert (
     scheme.format_for("mtp.fc").kind == "nvfp4"
   )  # the config claims it, the checkpoint has bf16
@@ -357,18 +342,13 @@ def test_modelopt_exclude_globs_and_mixed_precision_prefixes():
 
 def ct_tensors(**replace):
   p = "model.layers.0.mlp.gate_proj"
-  d = {k: v for k, v in tensors("ct_model.safetensors").items() if k.startswith(p + ".")}
-  for key, value in replace.items():
-    if value is None:
-      d.pop(f"{p}.{key}")
-    else:
-      d[f"{p}.{key}"] = value
-  return d
+  d = {k: v for k, v in quant_tensors("ct_model.safetensors").items() if k.startswith(p + ".")}
+  return with_changes(d, p, replace)
 
 
 def bad_reads():
   p = "model.layers.0.mlp.gate_proj"
-  ckpt = tensors("ct_model.safetensors")
+  ckpt = quant_tensors("ct_model.safetensors")
   scales = ckpt[p + ".weight_scale"]
   packed = ckpt[p + ".weight_packed"]
   return {
