@@ -50,7 +50,10 @@ With the codes in the kernel's bit order (session 4, two processes): 8192x28672 
 
 The issue's bars (>= 3.4 TB/s, >= 3x XLA's time) are not met; compile (<= 20 s) is. Note the two
 speed bars are nearly one: XLA's dot runs at 4.2-4.4 TB/s of kernel time, so 3x its time needs
-3.7 TB/s of NVFP4 bytes, 88% of the copy ceiling.
+3.7 TB/s of NVFP4 bytes, 88% of the copy ceiling. This kernel's own pipeline with an empty body
+(same grid, specs and plans; nothing decoded) takes 32.0-32.9 us on 8192x28672 and 13.2 us on
+5120x17408, against budgets of 35.9 and 14.2 us for 3x XLA (session 8, docs/benchmarks.md): all
+the arithmetic would have to hide under the byte stream but for 3.9 and 1.0 us.
 
 What bounds it. Not HBM: the first version (rows split over warps, 128-row CTAs, 224 of them)
 ran 46.3 us on 8192x28672 at M = 1 and did not speed up with more pipeline stages (3, 4, 6, 8) or
