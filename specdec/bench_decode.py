@@ -869,7 +869,8 @@ def _profile_tables(r: dict) -> list[str]:
     f"### Profile: {head}",
     "",
     f"{r['kernels_per_step']:.0f} kernels and {r['kernel_us_per_step']:.1f} us of kernel time per "
-    f"step; traced window {r['window_us_per_step']:.1f} us per step, device busy "
+    "step (summed: kernels that run side by side each count, so this can exceed the window); "
+    f"traced window {r['window_us_per_step']:.1f} us per step, device busy "
     f"{100 * r['busy_fraction']:.1f}% of it; wall {r['traced_step_us']:.1f} us per step under the "
     f"tracer. HLO: {r['hlo_file']}.",
   ]
