@@ -188,12 +188,9 @@ def emulate(x_MK, w: FP8Weight, config: TuningConfig | None = None) -> np.ndarra
   Pallas, so x slots of M not divisible by 4 exercise the swizzle on 256-aligned addresses.
   """
   x_MK = np.asarray(x_MK)
-  m, k = x_MK.shape
-  n = w.shape[1]
-  config = config or default_config(m, k, n)
-  config.check(m, k, n)
+  (m, k), n = x_MK.shape, w.shape[1]
+  config, nb, nt = nv.checked_plan(config, default_config, m, k, n)
   tn = config.tile_n
-  nb, nt = tn // BLOCK_ROWS, 1 if m <= 8 else 2
   codes = np.asarray(w.codes_NK).view(np.uint8).reshape(n, k // TILE_K, TILE_K)
   x = np.asarray(x_MK.astype(ml_dtypes.bfloat16)).reshape(m, k // TILE_K, TILE_K)
   scale_N = np.asarray(w.scale_N, np.float32)
@@ -224,11 +221,9 @@ _SWIZZLED = (plgpu.SwizzleTransform(128),)
 
 
 def _mosaic_matmul(x_MK: jax.Array, w: FP8Weight, config: TuningConfig) -> jax.Array:
-  m, k = x_MK.shape
-  n = w.shape[1]
-  config.check(m, k, n)
+  (m, k), n = x_MK.shape, w.shape[1]
+  config, nb, nt = nv.checked_plan(config, default_config, m, k, n)
   tn, splits = config.tile_n, config.split_k
-  nb, nt = tn // BLOCK_ROWS, 1 if m <= 8 else 2
   steps = k // TILE_K // splits
   acc_shape = (64 * nb, 8 * nt)
   acc_type = plgpu.ShapeDtypeStruct(acc_shape, jnp.float32, layout=plgpu.Layout.WGMMA)

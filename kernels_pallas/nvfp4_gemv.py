@@ -511,6 +511,14 @@ class _NumpyOps:
     o_ref[col[ok], row[ok]] = val[ok]
 
 
+def checked_plan(config, default, m: int, k: int, n: int):
+  """config (else default(m, k, n)) checked for the shape, with its row blocks per CTA and its
+  token tiles of 8 (two above M = 8): the geometry every GEMV kernel here and its model share."""
+  config = config or default(m, k, n)
+  config.check(m, k, n)
+  return config, config.tile_n // BLOCK_ROWS, 1 if m <= 8 else 2
+
+
 def _row_start(blk: int, n: int, tile_n: int):
   """First row of a CTA; the last CTA is pulled back to end at N (its overlap is recomputed)."""
   return min(blk * tile_n, n - tile_n)
@@ -523,13 +531,9 @@ def emulate(x_MK, w: NVFP4Weight, config: TuningConfig | None = None) -> np.ndar
   Pallas, so x slots of odd M exercise the swizzle on 512-aligned addresses.
   """
   x_MK = np.asarray(x_MK)
-  m, k = x_MK.shape
-  n = w.shape[1]
-  config = config or default_config(m, k, n)
-  config.check(m, k, n)
-  tn = config.tile_n
-  nb, nt = tn // BLOCK_ROWS, 1 if m <= 8 else 2
-  L = config.lines
+  (m, k), n = x_MK.shape, w.shape[1]
+  config, nb, nt = checked_plan(config, default_config, m, k, n)
+  tn, L = config.tile_n, config.lines
   packed = np.asarray(w.packed_NP).reshape(n, k // TILE_K // L, L, TILE_K // 2)
   scales = np.asarray(w.scales_NG).view(np.uint8)
   scales = scales.reshape(n, k // TILE_K // L, L, TILE_K // GROUP)
@@ -837,11 +841,9 @@ def use_kernel(implementation: str | None, supported: bool) -> bool:
 
 
 def _mosaic_matmul(x_MK: jax.Array, w: NVFP4Weight, config: TuningConfig) -> jax.Array:
-  m, k = x_MK.shape
-  n = w.shape[1]
-  config.check(m, k, n)
+  (m, k), n = x_MK.shape, w.shape[1]
+  config, nb, nt = checked_plan(config, default_config, m, k, n)
   tn, splits, L = config.tile_n, config.split_k, config.lines
-  nb, nt = tn // BLOCK_ROWS, 1 if m <= 8 else 2
   steps = k // TILE_K // L // splits
   acc_shape = (64 * nb, 8 * nt)
   acc_type = plgpu.ShapeDtypeStruct(acc_shape, jnp.float32, layout=plgpu.Layout.WGMMA)
