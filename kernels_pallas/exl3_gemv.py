@@ -141,7 +141,7 @@ from specdec.quant.exl3.codebook import (
   MUL1_MULT,
   Codebook,
 )
-from specdec.quant.exl3.hadamard import had_cols
+from specdec.quant.exl3.hadamard import had_activations
 from specdec.quant.exl3.weight import EXL3Weight
 
 TILE = 16  # rows and columns of one trellis tile
@@ -754,8 +754,8 @@ def supported(x_MK: jax.Array, w: EXL3Weight, config: TuningConfig | None = None
 def _kernel_matmul(x_MK: jax.Array, w: EXL3Weight, config: TuningConfig | None) -> jax.Array:
   n_in_p, n_out_p = w.padded_shape
   x_MK32 = jnp.pad(x_MK.astype(jnp.float32), ((0, 0), (0, n_in_p - x_MK.shape[1])))
-  xh_MK = had_cols(x_MK32 * w.suh.astype(jnp.float32))
-  y_MN = had_cols(inner_matmul(xh_MK, w, config)) * w.svh.astype(jnp.float32)
+  xh_MK = had_activations(x_MK32 * w.suh.astype(jnp.float32))
+  y_MN = had_activations(inner_matmul(xh_MK, w, config)) * w.svh.astype(jnp.float32)
   if w.bias is not None:
     y_MN = y_MN + w.bias.astype(jnp.float32)
   return y_MN[:, : w.out_features].astype(x_MK.dtype)

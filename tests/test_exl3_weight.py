@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specdec.quant.exl3 import Codebook, EXL3Weight
-from specdec.quant.exl3.hadamard import had_cols, had_rows, hadamard_matrix
+from specdec.quant.exl3.hadamard import had_activations, had_cols, had_rows, hadamard_matrix
 from specdec.quant.exl3.layout import TENSOR_CORE_PERM, matrix_to_tiles, tiles_to_matrix
 from specdec.quant.matmul import QuantizedWeight, matmul
 from tests.fixtures.exl3 import oracle
@@ -53,6 +53,9 @@ def test_hadamard_is_natural_order_sylvester():
   h_k, h_n = np.kron(np.eye(2), h), np.kron(np.eye(3), h)
   np.testing.assert_allclose(had_rows(w), h_k @ np.asarray(w), atol=1e-5)
   np.testing.assert_allclose(had_cols(w), np.asarray(w) @ h_n, atol=1e-5)
+  # The activation form (multiply and row sum), on [M, N] and with a leading batch dim.
+  np.testing.assert_allclose(had_activations(w), np.asarray(w) @ h_n, atol=1e-5)
+  np.testing.assert_allclose(had_activations(w[None, :3]), np.asarray(w[None, :3]) @ h_n, atol=1e-5)
 
 
 @pytest.mark.parametrize(("bits", "codebook"), [(2, "3inst"), (3, "mcg"), (6, "mul1")])

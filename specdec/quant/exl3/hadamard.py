@@ -37,3 +37,13 @@ def had_cols(w_IO: jax.Array) -> jax.Array:
   blocks_LBh = w_IO.reshape(*lead, n_out // HAD_DIM, HAD_DIM)
   h = jnp.asarray(hadamard_matrix(), w_IO.dtype)
   return jnp.einsum("...bj,jo->...bo", blocks_LBh, h, precision="highest").reshape(w_IO.shape)
+
+
+def had_activations(x_MN: jax.Array) -> jax.Array:
+  """had_cols for activations (a few rows): each output is a multiply and a row sum over its
+  128-block, so XLA fuses the rotation with the scaling, casts and slices beside it into one
+  kernel, where the dot of `had_cols` is a launch of its own around every EXL3 GEMV."""
+  *lead, n = x_MN.shape
+  blocks = x_MN.reshape(*lead, n // HAD_DIM, 1, HAD_DIM)
+  h = jnp.asarray(hadamard_matrix(), x_MN.dtype)  # symmetric: row k of H is its column k
+  return jnp.sum(blocks * h, axis=-1).reshape(x_MN.shape)
