@@ -2,9 +2,12 @@
 
 W = diag(suh) . H . W_hat . H . diag(svh) (specdec/quant/exl3/weight.py). The rotations act on
 [M, 128-blocks] and are cheap XLA ops: x' = had(x * suh) goes in as fp16, the kernel computes
-x' @ W_hat straight from the trellis, and had(y') * svh (+ bias) comes after. Prefill (M > 16)
-reconstructs W and lets XLA multiply (`EXL3Weight.dense_matmul`). `EXL3Weight.matmul` dispatches
-here on a GPU for bf16 x: see "In the model" below for the gate that decided it.
+x' @ W_hat straight from the trellis, and had(y') * svh (+ bias) comes after. Each rotation is a
+multiply and a row sum (`had_activations`), not a dot, so XLA fuses it with the scaling and
+casts beside it: 7.4-11.3% off the 8B EXL3 decode step (docs/benchmarks.md, session 9).
+Prefill (M > 16) reconstructs W and lets XLA multiply (`EXL3Weight.dense_matmul`).
+`EXL3Weight.matmul` dispatches here on a GPU for bf16 x: see "In the model" below for the gate
+that decided it.
 
 Backend: Mosaic GPU (`plgpu.kernel` + `plgpu.emit_pipeline`, TMA into SMEM), the per-tile decode
 written as straight-line PTX through `plgpu.inline_mgpu`; no Triton fallback exists.
