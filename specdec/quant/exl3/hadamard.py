@@ -41,7 +41,7 @@ def had_cols(w_IO: jax.Array) -> jax.Array:
 
 def had_activations(x_MN: jax.Array) -> jax.Array:
   """had_cols for activations (a few rows): each output is a multiply and a row sum over its
-  128-block, so XLA fuses the rotation with the scaling, casts and slices beside it into one
+  128-block, so XLA can fuse the rotation with the scaling, casts and slices beside it into one
   kernel, where the dot of `had_cols` is a launch of its own around every EXL3 GEMV."""
   *lead, n = x_MN.shape
   blocks = x_MN.reshape(*lead, n // HAD_DIM, 1, HAD_DIM)
