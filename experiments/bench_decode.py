@@ -6,7 +6,7 @@ legs interleaved; cold and cached compile; the decode step's kernels from a prof
 decode with fused q/k/v and gate/up unless --config.fuse=False. Prints Markdown tables; one JSON
 row per cell in --out/results.jsonl.
 
-  python -m experiments.bench_decode --config=configs/bench_decode.py --out=runs/bench_decode
+  python -m experiments.bench_decode --config=configs/decode.py --out=runs/bench_decode
 
 On the H200 (the GPU python3 lacks ml_collections; the parent must not preallocate, or the
 subprocess parts find no memory). The 2026-11-30 figures in docs/benchmarks.md came from three
@@ -15,7 +15,7 @@ it are recorded as skipped):
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:. && \
   XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m experiments.bench_decode \
-    --config=configs/bench_decode.py --out=$OUT --config.budget_s=200 \
+    --config=configs/decode.py --out=$OUT --config.budget_s=200 \
     --config.parts="('copy','decode.bf16','decode.nvfp4','compile','loop')"
   ... --config.budget_s=110 --config.parts="('copy','loop','attention','compile')" \
     --config.attention.widths="(1,4,16)" --config.attention.impls="('xla','cudnn','cudnn_seqlen')"
@@ -30,18 +30,20 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-from specdec import bench_decode
+from specdec import xla_env
+from specdec.bench import decode
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/bench_decode.py")
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/decode.py")
 _OUT = flags.DEFINE_string("out", "runs/bench_decode", "directory for results.jsonl and HLO dumps")
 
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   cfg = _CONFIG.value
-  bench_decode.validate(cfg)
-  rows = bench_decode.Runner(cfg, _OUT.value).run()
-  table = bench_decode.markdown(rows)
+  decode.validate(cfg)
+  rows = decode.Runner(cfg, _OUT.value).run()
+  table = decode.markdown(rows)
   Path(_OUT.value, "table.md").write_text(table + "\n")
   print(table)
 

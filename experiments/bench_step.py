@@ -10,9 +10,11 @@ from absl import app, flags
 
 import specdec
 from configs import default
-from specdec import bench
+from specdec import xla_env
+from specdec.bench import timing
+from specdec.checkpoint.zoo import resolve_path
+from specdec.lab.sweep import load_drafter
 from specdec.models.config import from_hf_dict
-from specdec.sweep import load_drafter, resolve_path
 
 _TARGET = flags.DEFINE_string("target", None, "target checkpoint; default: a random model")
 _DRAFT = flags.DEFINE_string("draft", None, "draft-LM checkpoint (adds the draft_lm rows)")
@@ -30,6 +32,7 @@ _SHAPE = flags.DEFINE_string(
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   dtype = jnp.dtype(_DTYPE.value)
   if _ZOO.value:
     target = specdec.load(resolve_path("zoo:target"), dtype=dtype)
@@ -54,8 +57,8 @@ def main(argv):
   print("|---|---:|---:|---:|---:|---:|---:|---:|")
   for name, drafter in drafters.items():
     for k in map(int, _KS.value):
-      shape = bench.Shape(_BATCH.value, k, _PROMPT.value, _STEPS.value)
-      t = bench.time_step(target, drafter, shape)
+      shape = timing.Shape(_BATCH.value, k, _PROMPT.value, _STEPS.value)
+      t = timing.time_step(target, drafter, shape)
       us = {key: f"{1e6 * v:.1f}" for key, v in t.items()}
       print(
         f"| {name} | {k} | {us['step']} | {us['draft']} | {us['verify']} | "

@@ -17,6 +17,7 @@ from configs import (
   train_mtp,
   train_target,
 )
+from specdec import xla_env
 from specdec.training import zoo
 
 _CORPUS = flags.DEFINE_string("corpus_dir", None, "build_corpus output", required=True)
@@ -36,6 +37,7 @@ CONFIGS = {
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   logging.set_verbosity(logging.WARNING)
   configs = {name: module.get_config() for name, module in CONFIGS.items()}
   zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value)

@@ -18,9 +18,10 @@ import numpy as np
 from absl import app, flags
 
 import specdec
+from specdec import xla_env
+from specdec.checkpoint.zoo import resolve_path
 from specdec.data import workload
 from specdec.quant.apply import dequantized_twin, quantize_model
-from specdec.sweep import resolve_path
 
 _FORMAT = flags.DEFINE_enum("format", "nvfp4", ["nvfp4", "fp8", "exl3_4"], "kernel to check")
 _PROMPTS = flags.DEFINE_integer("prompts", 6, "HumanEval prompts to generate from")
@@ -41,6 +42,7 @@ def gate(model, prompt: str):
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   t0 = time.perf_counter()
   if _CHECKPOINT.value:
     q = specdec.load(_CHECKPOINT.value, dtype=jnp.bfloat16)

@@ -15,8 +15,9 @@ import numpy as np
 from absl import app, flags
 
 import specdec
+from specdec import xla_env
+from specdec.checkpoint.zoo import resolve_path
 from specdec.quant.apply import FORMATS, quantize_model
-from specdec.sweep import resolve_path
 
 _OUT = flags.DEFINE_string("out", None, "directory for target_<format>/", required=True)
 _FORMATS = flags.DEFINE_list("formats", ["nvfp4", "fp8", "exl3_3", "exl3_4"], f"of {FORMATS}")
@@ -39,6 +40,7 @@ def export(target, fmt: str, out_dir: str, layout: str) -> dict:
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   bad = sorted(set(_FORMATS.value) - set(FORMATS))
   if bad:
     raise app.UsageError(f"--formats: unknown {bad}; choose from {FORMATS}")

@@ -10,9 +10,10 @@ import numpy as np
 from absl import app, flags
 
 import specdec
+from specdec import xla_env
+from specdec.checkpoint.zoo import resolve_path
+from specdec.lab.zoo_quality import heldout_ppl
 from specdec.quant.apply import quantize_model
-from specdec.sweep import resolve_path
-from specdec.zoo_quality import heldout_ppl
 
 _CORPUS = flags.DEFINE_string("corpus_dir", None, "build_corpus output", required=True)
 _FORMATS = flags.DEFINE_list("formats", ["nvfp4", "fp8", "exl3_4", "exl3_3"], "formats")
@@ -20,6 +21,7 @@ _FORMATS = flags.DEFINE_list("formats", ["nvfp4", "fp8", "exl3_4", "exl3_3"], "f
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   held = np.load(f"{_CORPUS.value}/heldout.npy")
   target = specdec.load(resolve_path("zoo:target"), dtype=jnp.bfloat16)
   base = heldout_ppl(target, held)

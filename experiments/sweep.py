@@ -6,7 +6,8 @@ python -m experiments.sweep [--config=configs/default.py] [--config.ks=1,2,4] --
 from absl import app, flags
 from ml_collections import config_flags
 
-from specdec import report, sweep_main
+from specdec import xla_env
+from specdec.lab import driver, report
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "sweep config file")
 _OUT = flags.DEFINE_string("out", "runs/default", "results directory (a re-run resumes it)")
@@ -15,7 +16,8 @@ _PLOTS = flags.DEFINE_bool("plots", True, "write the tables' LaTeX and PNG plots
 
 def main(argv):
   del argv
-  print(sweep_main.run(_CONFIG.value, _OUT.value))
+  xla_env.apply_defaults()
+  print(driver.run(_CONFIG.value, _OUT.value))
   if _PLOTS.value:
     for layout in ("draft_budget", "per_position"):
       _, written = report.run(f"{_OUT.value}/results.jsonl", layout)

@@ -8,8 +8,8 @@ OUT defaulting to the results file's directory.
 
 from absl import app, flags
 
-from specdec import tables
-from specdec.report import run
+from specdec.lab import tables
+from specdec.lab.report import run
 
 _RESULTS = flags.DEFINE_string("results", None, "path of a sweep's results.jsonl", required=True)
 _LAYOUT = flags.DEFINE_enum("layout", "draft_budget", tables.LAYOUTS, "table layout")

@@ -7,6 +7,7 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from specdec import xla_env
 from specdec.training import drafter
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -19,6 +20,7 @@ _CKPT = flags.DEFINE_string("ckpt_dir", None, "checkpoints (default <out>_ckpt);
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   history = drafter.train(_CONFIG.value, _CORPUS.value, _OUT.value, _CKPT.value)

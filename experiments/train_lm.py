@@ -14,6 +14,7 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from specdec import xla_env
 from specdec.training import lm
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/train_target.py", "training config")
@@ -26,6 +27,7 @@ _CKPT = flags.DEFINE_string("ckpt_dir", None, "checkpoint directory (default <ou
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint file at INFO
   lm.train(_CONFIG.value, _CORPUS.value, _OUT.value, _CKPT.value)

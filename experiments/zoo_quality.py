@@ -10,8 +10,9 @@ import numpy as np
 from absl import app, flags
 
 import specdec
-from specdec import zoo_quality
-from specdec.sweep import resolve_path
+from specdec import xla_env
+from specdec.checkpoint.zoo import resolve_path
+from specdec.lab import zoo_quality
 
 _CORPUS = flags.DEFINE_string("corpus_dir", None, "build_corpus output with heldout.npy")
 _N = flags.DEFINE_integer("n_humaneval", 164, "HumanEval prompts for the syntax rate")
@@ -21,6 +22,7 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "model d
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   dtype = jnp.dtype(_DTYPE.value)
   target = specdec.load(resolve_path("zoo:target"), dtype=dtype)
   draft = specdec.load(resolve_path("zoo:draft_lm"), dtype=dtype)

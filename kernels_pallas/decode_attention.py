@@ -1,7 +1,7 @@
 """Attention of a few new queries over the KV cache (decode and verify) for Hopper: Mosaic GPU.
 
 o[b, t, n] = softmax_s(q[b, t, n] . k[b, s, n // G] / sqrt(H) over s <= positions[b, t]) . v[...]
-for q [B, T, N, H] and a static cache k, v [B, S, K, H] (specdec.models.transformer.attend's
+for q [B, T, N, H] and a static cache k, v [B, S, K, H] (specdec.ops.attention.attend's
 contract), with T x G <= 128 query rows per kv head.
 
 Why a kernel. XLA runs this as ~7 launches (q.K GEMM, mask select, softmax max and sum, convert,
@@ -367,7 +367,7 @@ def bench_case(B, S, T, K, G, H, configs, layers: int, iterations: int) -> None:
   """Prints CUPTI kernel time per layer-call (XLA's fusions around the kernel included) of the
   kernel at each config and of `attend_xla`, and the kernel's error against f32 `attend_xla`."""
   from kernels_pallas.nvfp4_gemv import call_times_us
-  from specdec.models.transformer import attend_xla
+  from specdec.ops.attention import attend_xla
 
   keys = jax.random.split(jax.random.key(B * S + T), 3)
   q = jax.random.normal(keys[0], (B, T, K * G, H), jnp.bfloat16)

@@ -115,7 +115,7 @@ import ml_dtypes
 import numpy as np
 
 from specdec import xla_env
-from specdec.quant.matmul import QuantizedWeight
+from specdec.ops.qmatmul import QuantizedWeight
 from specdec.quant.nvfp4 import GROUP, PAIR_SHIFTS, BitOrder, NVFP4Weight
 
 TILE_K = 256  # K per pipeline step: one 128-byte swizzle line of packed codes per weight row

@@ -11,7 +11,7 @@ SETUP = """import os
 import numpy as np
 from matplotlib.figure import Figure
 from IPython.display import Image, Markdown, display
-from specdec import results, tables
+from specdec.lab import results, tables
 
 RESULTS = os.environ.get("SPECDEC_RESULTS", "runs/default/results.jsonl")
 rows = results.load_rows(RESULTS)

@@ -3,37 +3,38 @@
 Public API (internals may change):
   load(path, dtype)            an HF-layout checkpoint -> Model
   generate(model, prompts, ...) greedy / sampled / speculative generation with stats
-  drafters                     null(), ngram(min_n, max_n), draft_lm(model)
+  drafters                     null(), ngram(min_n, max_n), draft_lm(model), load_* for learned ones
   Model, ModelConfig, Sampling
   MemoryPlanError              generate's batch and context do not fit the device's memory
 
-Importing specdec adds its default XLA flags to XLA_FLAGS unless they are set there
-(`specdec.xla_env`): import it before running anything on JAX.
+Importing specdec has no side effects and imports nothing heavy: each name is imported on first
+use. The XLA flag defaults (`specdec.xla_env`) are applied by the entry points, not here.
 """
-# ruff: noqa: E402 -- the flags go into XLA_FLAGS before any other import could start JAX
 
-from specdec import xla_env
+import importlib
 
-xla_env.apply_defaults()
+_EXPORTS = {
+  "CheckpointError": "specdec.checkpoint.safetensors_io",
+  "Generation": "specdec.decoding.generate",
+  "MemoryPlanError": "specdec.decoding.memory",
+  "Model": "specdec.model",
+  "ModelConfig": "specdec.models.config",
+  "Sampling": "specdec.ops.sampling",
+  "generate": "specdec.decoding.generate",
+  "load": "specdec.checkpoint.loader",
+  "save": "specdec.checkpoint.loader",
+}
 
-from specdec import drafters
-from specdec.checkpoint.loader import load, save
-from specdec.checkpoint.safetensors_io import CheckpointError
-from specdec.decoding.generate import Generation, generate
-from specdec.decoding.sampling import Sampling
-from specdec.memory import MemoryPlanError
-from specdec.model import Model
-from specdec.models.config import ModelConfig
+__all__ = sorted([*_EXPORTS, "drafters"])
 
-__all__ = [
-  "CheckpointError",
-  "Generation",
-  "MemoryPlanError",
-  "Model",
-  "ModelConfig",
-  "Sampling",
-  "drafters",
-  "generate",
-  "load",
-  "save",
-]
+
+def __getattr__(name: str):
+  if name == "drafters":
+    return importlib.import_module("specdec.drafters")
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+
+
+def __dir__():
+  return __all__

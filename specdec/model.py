@@ -10,14 +10,8 @@ import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from specdec.models.config import ModelConfig
-from specdec.models.transformer import (
-  FP8,
-  FP8_MAX,
-  KV_SCALES,
-  ForwardOut,
-  KVCache,
-  Transformer,
-)
+from specdec.models.transformer import ForwardOut, KVCache, Transformer
+from specdec.ops.kv_cache import FP8, FP8_MAX, KV_SCALES
 
 
 @functools.partial(jax.jit, static_argnames=("config", "dtype", "taps", "kv_dtype"))

@@ -1,15 +1,13 @@
 """The XLA flags specdec runs with unless XLA_FLAGS already names them.
 
 `--xla_gpu_graph_enable_concurrent_region=true` lets the CUDA graphs XLA builds for a decode step
-run kernels that do not depend on each other side by side (which ones, XLA decides). Measured on
-the H200 (docs/benchmarks.md, session 7): the Qwen3-8B-shape bf16 step at B = 1, 1k went from
-4805.8 / 4723.0 / 4758.2 to 4619.3 / 4659.0 / 4653.5 us (three interleaved legs), NVFP4 from
-2984.5 to 2934.4 us. It changes no value, only the launch order.
+run kernels that do not depend on each other side by side (XLA decides which); it changes no value,
+only the launch order. Measured gain: docs/benchmarks.md, "XLA launch flags".
 
-XLA parses XLA_FLAGS once, when JAX starts its first backend, so `apply_defaults` runs when
-specdec is imported; a process that used JAX before that keeps the flags it started with (and
-is warned). Set XLA_FLAGS to name a flag (`...=false`) to run without it. The kernel benchmarks
-turn the regions off (`serialize_graphs`): they time chains of independent calls.
+XLA parses XLA_FLAGS once, when JAX starts its first backend, so the entry points (every
+`experiments/*` main that runs JAX) call `apply_defaults` first; importing specdec changes nothing.
+A library user who wants the defaults calls it before any JAX work. Set XLA_FLAGS to name a flag
+(`...=false`) to run without it. Kernel benchmarks turn the regions off (`serialize_graphs`).
 """
 
 import os

@@ -39,7 +39,7 @@ def tiny_model(seed=0, scale=10.0, **kw) -> Model:
 
 
 def result_row(**over):
-  """A complete, valid sweep result row (specdec.results schema) with `over` applied."""
+  """A complete, valid sweep result row (specdec.lab.results schema) with `over` applied."""
   row = {
     "method": "ngram",
     "k": 2,

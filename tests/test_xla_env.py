@@ -1,12 +1,15 @@
-"""specdec's default XLA flags: added unless XLA_FLAGS names them, before JAX starts; recorded."""
+"""specdec's default XLA flags: the entry points add them unless XLA_FLAGS names them; recorded."""
 
+import ast
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from specdec import xla_env
-from specdec.results import environment_fields
+from specdec.lab.results import environment_fields
 
+ROOT = Path(__file__).resolve().parents[1]
 FLAG = "--xla_gpu_graph_enable_concurrent_region=true"
 
 
@@ -32,8 +35,24 @@ def _run(code: str, xla_flags: str | None) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
 
-def test_importing_specdec_sets_them_for_the_process_and_its_rows():
-  code = "import specdec, os, jax; jax.numpy.ones(1); print(os.environ['XLA_FLAGS'])"
+def test_importing_the_library_changes_no_environment_variable():
+  code = (
+    "import os; before = dict(os.environ)\n"
+    "import specdec, specdec.drafters, specdec.decoding.generate, specdec.lab.driver\n"
+    "import kernels_pallas.nvfp4_gemv, specdec.bench.decode\n"
+    "specdec.generate, specdec.load, specdec.Sampling\n"
+    "print(dict(os.environ) == before)\n"
+  )
+  p = _run(code, None)
+  assert p.returncode == 0, p.stderr
+  assert p.stdout.split() == ["True"]
+
+
+def test_apply_defaults_sets_them_for_the_process_and_its_rows():
+  code = (
+    "import os, jax; from specdec import xla_env; xla_env.apply_defaults(); "
+    "jax.numpy.ones(1); print(os.environ['XLA_FLAGS'])"
+  )
   p = _run(code, None)
   assert p.returncode == 0, p.stderr
   assert p.stdout.split() == [FLAG]
@@ -42,13 +61,26 @@ def test_importing_specdec_sets_them_for_the_process_and_its_rows():
   assert environment_fields()["xla_flags"] == os.environ.get("XLA_FLAGS", "")
 
 
-def test_a_backend_started_before_specdec_keeps_its_flags_and_warns():
+def test_a_backend_started_before_apply_defaults_keeps_its_flags_and_warns():
   p = _run(
-    "import jax, os; jax.numpy.ones(1); import specdec; print(os.environ.get('XLA_FLAGS'))", None
+    "import jax, os; jax.numpy.ones(1); from specdec import xla_env; xla_env.apply_defaults(); "
+    "print(os.environ.get('XLA_FLAGS'))",
+    None,
   )
   assert p.returncode == 0, p.stderr
   assert p.stdout.split() == ["None"]
-  assert "imported after JAX started a backend" in p.stderr
+  assert "after JAX started a backend" in p.stderr
+
+
+def test_every_experiment_main_that_runs_jax_applies_them_first():
+  no_jax = {"table.py", "build_corpus.py", "__init__.py"}
+  for path in sorted((ROOT / "experiments").glob("*.py")):
+    if path.name in no_jax:
+      continue
+    tree = ast.parse(path.read_text())
+    main = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main")
+    calls = [ast.unparse(s) for s in main.body[:3]]
+    assert "xla_env.apply_defaults()" in calls, path.name
 
 
 def test_kernel_benchmarks_run_their_chains_without_concurrent_regions():

@@ -26,7 +26,8 @@ from specdec.checkpoint.safetensors_io import (
 )
 from specdec.models.config import ConfigError, ModelConfig, load_config, to_hf_dict
 from specdec.models.fuse import FUSED_NAMES
-from specdec.models.transformer import FP8, KV_SCALES, KVCache, Transformer
+from specdec.models.transformer import KVCache, Transformer
+from specdec.ops.kv_cache import FP8, KV_SCALES
 from specdec.quant import layouts, nvfp4
 from specdec.quant.errors import QuantFormatError
 
@@ -296,8 +297,8 @@ def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
   model with an FP8 KV cache also declares it and writes its k/v scales (ModelOpt and
   compressed-tensors quantized weights only: those configs are where the declaration lives).
   """
+  from specdec.ops.qmatmul import QuantizedWeight
   from specdec.quant import exl3
-  from specdec.quant.matmul import QuantizedWeight
   from specdec.quant.nvfp4 import NVFP4Weight
 
   flat = {"/".join(k): v for k, v in flatten_dict(model.params["params"]).items()}

@@ -15,7 +15,7 @@ In all modes, when all k drafts are accepted, the bonus token is drawn from p_k.
 import jax
 import jax.numpy as jnp
 
-from specdec.decoding.sampling import Sampling, probs, sample
+from specdec.ops.sampling import Sampling, probs, sample
 
 MODES = ("greedy", "onehot", "fullq", "reject")
 

@@ -7,12 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import memory, metrics
+from specdec import metrics
+from specdec.decoding import memory
 from specdec.decoding.accept import validate_mode
-from specdec.decoding.sampling import Sampling
 from specdec.decoding.step import PREFILL_CHUNK, StepConfig, decode_chunk, prefill
 from specdec.drafters.null import null
-from specdec.models.transformer import check_kv_dtype
+from specdec.ops.kv_cache import check_kv_dtype
+from specdec.ops.sampling import Sampling
 
 CHUNK_SIZES = (16, 1)  # static trip counts; the host picks one per chunk (two compiles)
 MIN_BUCKET = 16
@@ -86,7 +87,7 @@ def generate(
   drafter=None is plain autoregressive decoding (k = 0). With a drafter, k (default 4) drafts are
   verified per target forward. acceptance: 'greedy' (temperature 0 only), 'onehot' (the default
   under sampling), 'fullq', or 'reject' (the same-shape baseline). Sampling transforms apply in the
-  order temperature, top-k, top-p (see specdec.decoding.sampling).
+  order temperature, top-k, top-p (see specdec.ops.sampling).
   The prompt is padded to a power-of-two bucket >= min_bucket (a sweep fixes one bucket so cells
   share compiled executables).
   kv_dtype: the target's KV cache (float32, bfloat16, float16 or float8_e4m3fn); None is the model's

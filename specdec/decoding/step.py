@@ -10,12 +10,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specdec.decoding import sampling as sampling_lib
 from specdec.decoding.accept import accept
 from specdec.decoding.state import DecodeState, counters, ctx_bucket
 from specdec.drafters.base import Context, Drafter
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import ForwardOut, KVCache, Transformer
+from specdec.ops import sampling as sampling_lib
 
 PREFILL_CHUNK = 2048
 

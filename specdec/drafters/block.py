@@ -35,7 +35,8 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.block_config import BlockConfig, make_config
 from specdec.drafters.block_model import BlockDraft, Extra, init_variables, single_block_rows
 from specdec.drafters.block_select import candidates, pick, predecessors, walk
-from specdec.models.transformer import Transformer, write_cache
+from specdec.models.transformer import Transformer
+from specdec.ops.kv_cache import write_cache
 
 
 @flax.struct.dataclass

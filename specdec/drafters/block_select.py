@@ -10,7 +10,7 @@ or given the previous choice (DFlash2): both are valid conditionals for Leviatha
 import jax
 import jax.numpy as jnp
 
-from specdec.decoding import sampling as sampling_lib
+from specdec.ops import sampling as sampling_lib
 
 
 def pick(logits_BPV, sampling, key):

@@ -35,10 +35,10 @@ from specdec.checkpoint.safetensors_io import (
   read_tensors,
   write_tensors,
 )
-from specdec.decoding import sampling as sampling_lib
 from specdec.drafters.base import Drafter
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import KVCache
+from specdec.ops import sampling as sampling_lib
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 

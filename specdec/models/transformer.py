@@ -14,7 +14,6 @@ the compute dtype, with one k and one v scale per layer: the attention params `k
 params hold none. Caches of any other dtype ignore the scales.
 """
 
-import os
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -24,26 +23,9 @@ import jax.numpy as jnp
 
 from specdec.models.config import ModelConfig
 from specdec.models.rope import apply_rope, inv_freq_and_scale
-from specdec.quant.matmul import matmul
-
-FP8 = jnp.dtype(jnp.float8_e4m3fn)
-FP8_MAX = 448.0
-CACHE_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, FP8))
-KV_SCALES = ("k_scale", "v_scale")  # attention param names
-
-
-def check_kv_dtype(dtype) -> jnp.dtype:
-  """The dtype of a KV cache, refused unless the cache knows how to write and read it."""
-  try:
-    d = jnp.dtype(dtype)
-  except TypeError as e:
-    raise ValueError(f"KV cache dtype {dtype!r} is not a dtype") from e
-  if d not in CACHE_DTYPES:
-    # Other 8-bit floats would be cast without a scale or saturation: silently wrong numbers.
-    raise ValueError(
-      f"KV cache dtype {d.name} is not supported; choose from {[k.name for k in CACHE_DTYPES]}"
-    )
-  return d
+from specdec.ops.attention import attend
+from specdec.ops.kv_cache import KV_SCALES, check_kv_dtype, write_cache
+from specdec.ops.qmatmul import matmul
 
 
 @flax.struct.dataclass
@@ -99,77 +81,6 @@ class Linear(nn.Module):
     if self.use_bias:
       y = y + self.param("bias", nn.initializers.zeros, (self.features,)).astype(y.dtype)
     return y
-
-
-def to_cache(x, dtype, scale=1.0):
-  """K or V -> the cache's dtype; FP8 divides by the layer's scale and clips first because JAX's
-  cast to e4m3 does not saturate (an out-of-range value would become NaN)."""
-  if dtype != FP8:
-    return x.astype(dtype)
-  return jnp.clip(x.astype(jnp.float32) / scale, -FP8_MAX, FP8_MAX).astype(FP8)
-
-
-def from_cache(cache_BSKH, scale, dtype):
-  """What attention reads: FP8 codes times the layer's scale in `dtype`; other caches as stored."""
-  if cache_BSKH.dtype != FP8:
-    return cache_BSKH
-  return (cache_BSKH.astype(jnp.float32) * scale).astype(dtype)
-
-
-def write_cache(cache_BSKH, new_BTKH, positions_BT, scale=1.0):
-  """Scatter this forward's K or V into the slots named by positions (one slot per position)."""
-  b_BT = jnp.broadcast_to(jnp.arange(new_BTKH.shape[0])[:, None], positions_BT.shape)
-  new_BTKH = to_cache(new_BTKH, cache_BSKH.dtype, scale)
-  return cache_BSKH.at[b_BT, positions_BT].set(new_BTKH, mode="drop")
-
-
-ATTENTION_PATHS = ("auto", "xla")  # what `attention_path` returns
-
-
-def attention_path() -> str:
-  """The attention path result rows record: "xla" when SPECDEC_ATTENTION=xla forces `attend_xla`,
-  else "auto" (the kernel where `attend` can use it)."""
-  return "xla" if os.environ.get("SPECDEC_ATTENTION", "") == "xla" else "auto"
-
-
-def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0):
-  """Each query t of row b over the cache slots <= positions[b, t], caches as stored (an FP8
-  cache's codes read as code x scale, `from_cache`): kernels_pallas's decode attention on a GPU
-  where it applies (a few queries per kv head; measured faster in docs/benchmarks.md; FP8 codes
-  read as they are where SMEM allows, else widened first), else `attend_xla`.
-  SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
-  da = _attention_kernels()
-  if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # the caches as stored
-    return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
-  k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
-  v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
-  if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # FP8 codes over SMEM, widened
-    return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT)
-  return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT)
-
-
-def _attention_kernels():
-  """kernels_pallas.decode_attention on a GPU unless SPECDEC_ATTENTION=xla, else None (imported
-  here: CPU runs never need Pallas)."""
-  if attention_path() != "auto" or jax.default_backend() != "gpu":
-    return None
-  from kernels_pallas import decode_attention
-
-  return decode_attention
-
-
-def attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT):
-  B, T, N, H = q_BTNH.shape
-  K = k_BSKH.shape[2]
-  q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-  s_BTKGS = jnp.einsum("BTKGH,BSKH->BTKGS", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
-  s_BTKGS = s_BTKGS * (H**-0.5)
-  slots_S = jnp.arange(k_BSKH.shape[1])
-  visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
-  s_BTKGS = jnp.where(visible_BTS[:, :, None, None, :], s_BTKGS, -1e30)
-  p_BTKGS = jax.nn.softmax(s_BTKGS, axis=-1).astype(v_BSKH.dtype)
-  o_BTKGH = jnp.einsum("BTKGS,BSKH->BTKGH", p_BTKGS, v_BSKH, preferred_element_type=jnp.float32)
-  return o_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)
 
 
 class Attention(nn.Module):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec
-from specdec.sweep import resolve_path
+from specdec.checkpoint.zoo import resolve_path
 from specdec.training import data, loop
 
 

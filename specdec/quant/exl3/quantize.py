@@ -9,7 +9,7 @@
 
 Deviation from exllamav3, on purpose: LDLQ uses the Hessian rotated with the full suh (signs and
 row scales: the exact proxy loss of the stored weight); exllamav3 rotates it with the signs only,
-which loses most of LDLQ's gain when row scales vary (tests/test_exl3_quantize.py).
+which loses most of LDLQ's gain when row scales vary (tests/quant/test_exl3_quantize.py).
 Every kernel is jitted; this module is the thin host-side orchestration around them.
 """
 

@@ -1,0 +1,1 @@
+"""Benchmarks: step and decode timing, random targets of any shape, peers, GPU profiles."""

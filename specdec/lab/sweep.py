@@ -1,0 +1,381 @@
+"""The sweep: the product of a config's axes, run as interleaved legs, one result row per
+(cell, leg), appended atomically so a killed sweep resumes where it stopped.
+
+Legs: every cell runs once per leg, and a leg visits all cells before the next leg starts (arms
+interleaved A, B, A, B). Within a (cell, leg) the requests run one batch after another; request 0
+is the warm-up (compiles) and is left out of every timing. Leg l substitutes one prompt token by
+repetition l, so a copying drafter cannot draft from memory of the previous leg.
+
+The gate: greedy output of every drafted cell must be token-identical to the no-draft arm on the
+same prompts and leg (compared by a hash of the outputs stored in each row); a sampled cell gets a
+separate greedy check of the same drafter. Its speed is admissible only where the gate passed.
+In 16-bit compute a verify of width k+1 may round a near-tie differently from a width-1 step (GEMM
+tiling depends on the row count), so where the no-draft comparison fails the cell is compared with
+its same-shape baseline (acceptance 'reject': the same drafter, batch and width, every draft
+rejected), which isolates the acceptance logic; the row's `gate` says which comparison held.
+
+Compiles: every row counts the XLA executables its (cell, leg) built. Cells with the same static
+shapes (StepConfig, batch, prompt bucket, cache slots) reuse them, so a leg after the first should
+build none; a row that did shows a static shape that changes where it should not.
+"""
+
+import dataclasses
+import functools
+import hashlib
+import itertools
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import specdec
+from specdec import metrics
+from specdec.checkpoint.zoo import resolve_path
+from specdec.data import workload as workload_lib
+from specdec.decoding import memory
+from specdec.decoding.accept import validate_mode
+from specdec.decoding.generate import cache_slots, check_cache_room, generate, prompt_bucket
+from specdec.drafters import draft_lm, ngram, null
+from specdec.lab import results
+from specdec.models.fuse import fuse_projections, fused_bytes
+from specdec.ops.sampling import Sampling
+from specdec.quant.apply import quantize_model
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# "bf16" is the target as loaded (in config.dtype); the others quantize its linear layers.
+TARGET_FORMATS = ("bf16", "nvfp4", "fp8", "exl3_3", "exl3_4")
+# "model": the target's own (its dtype, or FP8 where the checkpoint declares an FP8 KV cache). An
+# FP8 cache on a target without k/v scales runs with scales 1.0 (see specdec.generate).
+KV_DTYPES = ("model", "float32", "bfloat16", "float8_e4m3fn")
+
+
+class SweepError(ValueError):
+  """A sweep config that cannot run; raised before anything compiles."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  method: str
+  k: int
+  prompt_tokens: int  # 0: prompts as they are
+  temperature: float
+  top_k: int
+  top_p: float
+  acceptance: str
+  target_format: str
+  kv_dtype: str
+  batch: int
+
+  @property
+  def baseline(self) -> "Cell":
+    return dataclasses.replace(self, method="null", k=0, acceptance=_auto(self.temperature))
+
+
+def _auto(temperature: float) -> str:
+  return "greedy" if temperature == 0 else "onehot"
+
+
+STR_AXES = ("methods", "acceptances", "target_formats", "kv_dtypes")
+
+
+def normalize(cfg):
+  """Lets string axes be given on the command line as `--config.methods=null,ngram`."""
+  cfg = cfg.copy_and_resolve_references()
+  with cfg.unlocked():
+    for name in STR_AXES:
+      items = (cfg[name],) if isinstance(cfg[name], str) else cfg[name]
+      cfg[name] = tuple(v.strip() for item in items for v in item.split(",") if v.strip())
+    for name in ("ks", "prompt_tokens", "temperatures", "top_ks", "top_ps", "batches"):
+      if isinstance(cfg[name], int | float):
+        cfg[name] = (cfg[name],)
+  return cfg
+
+
+def expand(cfg) -> list[Cell]:
+  """Every cell of the config's axes; the no-draft arm (k = 0) is always included, first."""
+  cells = []
+  for method in ("null", *[m for m in cfg.methods if m != "null"]):
+    ks = (0,) if method == "null" else tuple(cfg.ks)
+    for k, pt, t, tk, tp, acc, fmt, kv, b in itertools.product(
+      ks, cfg.prompt_tokens, cfg.temperatures, cfg.top_ks, cfg.top_ps, cfg.acceptances,
+      cfg.target_formats, cfg.kv_dtypes, cfg.batches,
+    ):  # fmt: skip
+      acc = _auto(t) if acc == "auto" or method == "null" else acc
+      cells.append(
+        Cell(method, int(k), int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b))
+      )
+  return list(dict.fromkeys(cells))
+
+
+def check_methods(cfg) -> None:
+  known = ("null", "ngram", *cfg.checkpoints.keys())
+  for m in cfg.methods:
+    if m not in known:
+      raise SweepError(
+        f"config.methods: unknown method {m!r}; available: {', '.join(known)} "
+        "(checkpointed drafters are listed in config.checkpoints)"
+      )
+
+
+def validate(
+  cfg, cells: list[Cell], max_positions: int, longest_prompt: int, check_cell=None
+) -> None:
+  """Every cell's checks before anything compiles; check_cell(cell) adds the ones that need the
+  loaded models (Runner.check_memory)."""
+  for name in ("ks", "prompt_tokens", "temperatures", "batches", "methods"):
+    if not len(cfg[name]):
+      raise SweepError(f"config.{name} is empty")
+  try:
+    memory.check_fraction(cfg.memory_fraction)
+  except ValueError as e:
+    raise SweepError(f"config.memory_fraction: {e}") from e
+  if cfg.legs < 2:
+    raise SweepError(f"config.legs={cfg.legs}: arms need >= 2 interleaved legs")
+  if cfg.n_prompts < 2:
+    raise SweepError(f"config.n_prompts={cfg.n_prompts}: request 0 is warm-up, need >= 2")
+  check_methods(cfg)
+  for c in cells:
+    if c.target_format not in TARGET_FORMATS:
+      raise SweepError(f"config.target_formats: {c.target_format!r} is not available yet")
+    if c.kv_dtype not in KV_DTYPES:
+      raise SweepError(f"config.kv_dtypes: unknown {c.kv_dtype!r}; choose from {KV_DTYPES}")
+    if c.method != "null" and c.k < 1:
+      raise SweepError(f"config.ks: k={c.k} must be >= 1")
+    # The same checks generate() makes, run for every cell before anything compiles.
+    sampling = Sampling(c.temperature, c.top_k, c.top_p)
+    plen = max(c.prompt_tokens, longest_prompt)
+    try:
+      sampling.validate()
+      validate_mode(c.acceptance, sampling)
+      check_cache_room(plen, cfg.max_new_tokens, c.k, max_positions)
+      if check_cell is not None:
+        check_cell(c)
+    except ValueError as e:
+      raise SweepError(f"cell {c.method} k={c.k} prompt_tokens={c.prompt_tokens}: {e}") from e
+
+
+def chat_template_of(path: str) -> str:
+  """The target's chat template (HF keeps it in tokenizer_config.json)."""
+  file = os.path.join(path, "tokenizer_config.json")
+  template = None
+  if os.path.exists(file):
+    with open(file) as f:
+      template = json.load(f).get("chat_template")
+  if not isinstance(template, str):
+    raise SweepError(f"config.chat_template=True, but {file} holds no chat_template string")
+  return template
+
+
+def method_kind(method: str) -> str:
+  """Checkpointed methods are named by kind plus a suffix: block8, block16, draft_lm, mtp, ..."""
+  for kind in ("block", "draft_lm", "mtp", "eagle3"):
+    if method.startswith(kind):
+      return kind
+  return method
+
+
+def load_drafter(method: str, spec: str, target, dtype):
+  """The drafter of a checkpointed method, its checkpoint checked against the target."""
+  from specdec.checkpoint.safetensors_io import CheckpointError
+  from specdec.drafters import load_block, load_eagle3, load_mtp
+
+  path = resolve_path(spec)
+  if not os.path.isdir(path):
+    raise SweepError(f"config.checkpoints.{method}: {spec!r} is not a checkpoint directory")
+  kind = method_kind(method)
+  try:
+    if kind == "draft_lm":
+      return draft_lm(specdec.load(path, dtype=dtype))
+    if kind == "block":
+      return load_block(path, target)
+    if kind == "mtp":
+      return load_mtp(path, target)
+    if kind == "eagle3":
+      return load_eagle3(path, target)
+  except (CheckpointError, ValueError) as e:
+    raise SweepError(f"config.checkpoints.{method}: {e}") from e
+  raise SweepError(f"config.checkpoints.{method}: no loader for method kind {kind!r}")
+
+
+def output_sha(tokens: list[list[int]]) -> str:
+  return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+
+class Runner:
+  """Holds the loaded models and prompts of one sweep; runs (cell, leg) units."""
+
+  def __init__(self, cfg, target, drafters: dict):
+    self.cfg, self.target = cfg, target
+    self._targets = {}  # target format -> the model that decodes (quantized, fused as asked)
+    self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n), **drafters}
+    prompts = workload_lib.select(workload_lib.load_workload(cfg.workload), cfg.n_prompts)
+    if cfg.chat_template:
+      template = chat_template_of(resolve_path(cfg.target))
+      prompts = [
+        workload_lib.Prompt(
+          p.id, workload_lib.render_prompt(p.text, template, add_generation_prompt=True)
+        )
+        for p in prompts
+      ]
+    self.texts = prompts
+    self._ids: dict = {}
+    self._greedy_ref: dict = {}
+
+  def prompt_ids(self, prompt_tokens: int, leg: int) -> list[list[int]]:
+    key = (prompt_tokens, leg)
+    if key not in self._ids:
+      V = self.target.config.vocab_size
+      self._ids[key] = [
+        workload_lib.prompt_ids(
+          p.text, self.target.encode, target_len=prompt_tokens or None,
+          filler=workload_lib.workload_filler(self.texts, i), repetition=leg, vocab_size=V,
+          avoid=self.target.config.eos_token_ids,
+        )
+        for i, p in enumerate(self.texts)
+      ]  # fmt: skip
+    return self._ids[key]
+
+  def bucket(self, prompt_tokens: int) -> int:
+    return prompt_bucket(max(len(p) for p in self.prompt_ids(prompt_tokens, 0)))
+
+  def check_memory(self, cell: Cell) -> None:
+    """generate()'s memory plan for a full batch of the cell, on the target as loaded plus, for a
+    bf16 cell with fused projections, the fused copy that will decode beside it (a quantized
+    target, built later, is smaller but stays resident beside it: generate() checks it then)."""
+    bucket = self.bucket(cell.prompt_tokens)
+    slots = cache_slots(bucket, self.cfg.max_new_tokens, cell.k)
+    drafter = self.drafters[cell.method]
+    fused = self.cfg.fuse_projections and cell.target_format == "bf16"
+    extra = self._fused_copy_bytes if fused else 0
+    memory.check_fits(
+      self.target, drafter, cell.k, cell.batch, bucket, slots, kv_dtype(cell),
+      self.cfg.memory_fraction, extra_bytes=extra,
+    )  # fmt: skip
+
+  @functools.cached_property
+  def _fused_copy_bytes(self) -> int:
+    """What fusing the bf16 target allocates beside it (from shapes)."""
+    return fused_bytes(self.target)
+
+  def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
+    t = cell.temperature if temperature is None else temperature
+    name = drafter_name or cell.method
+    if cell.target_format not in self._targets:
+      fmt = cell.target_format
+      target = self.target if fmt == "bf16" else quantize_model(self.target, fmt)
+      self._targets[fmt] = fuse_projections(target) if self.cfg.fuse_projections else target
+    return generate(
+      self._targets[cell.target_format], ids, max_new_tokens=self.cfg.max_new_tokens, temperature=t,
+      top_k=cell.top_k if t else 0, top_p=cell.top_p if t else 1.0, seed=seed,
+      drafter=self.drafters[name], k=cell.k if name != "null" else 0,
+      acceptance=acceptance or (cell.acceptance if t else "greedy"),
+      min_bucket=self.bucket(cell.prompt_tokens), kv_dtype=kv_dtype(cell),
+      memory_fraction=self.cfg.memory_fraction,
+    )  # fmt: skip
+
+  def run(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
+    with CompileCounter() as built:
+      row = self._measure(cell, leg, baseline_sha)
+    return {**row, "compiles": built.count, "compile_s": built.seconds}
+
+  def _measure(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
+    ids = self.prompt_ids(cell.prompt_tokens, leg)
+    seed = self.cfg.seed + 1000 * leg
+    requests, hists, outputs = [], [], []
+    for g in self._batches(cell, ids, seed):
+      start = g.stats["start_s"]
+      for n_out, fin in zip(g.stats["tokens_out"], g.stats["finish_s"], strict=True):
+        requests.append(metrics.Request(start, start + g.stats["prefill_s"], start + fin, n_out))
+      hists.append(np.asarray(g.stats["accept_hist"]))
+      outputs.extend(g.tokens)
+    sha = output_sha(outputs)
+    gate, passed = self._gate(cell, leg, sha, baseline_sha)
+    if not passed and cell.temperature == 0:
+      same = [t for g in self._batches(cell, ids, seed, acceptance="reject") for t in g.tokens]
+      gate, passed = "greedy outputs == same-shape baseline (not == no-draft arm)", same == outputs
+    hist = np.sum(hists, axis=0)
+    row = {
+      **dataclasses.asdict(cell),
+      "workload": self.cfg.workload,
+      "ctx_bucket": metrics.bucket_labels()[int(metrics.ctx_bucket(len(ids[0])))],
+      "seed": seed,
+      "leg": leg,
+      "target": self.cfg.target,
+      "drafter": self.cfg.checkpoints.get(cell.method, cell.method),
+      "max_new_tokens": self.cfg.max_new_tokens,
+      "n_prompts": len(ids),
+      **results.environment_fields(),
+      **metrics.hist_summary(hist),
+      "accept_hist": hist.tolist(),
+      "ctx_edges": [None if math.isinf(e) else e for e in metrics.DEFAULT_CTX_EDGES],
+      **metrics.timing_summary(requests),
+      "gate_passed": passed,
+      "gate": gate,
+      "extra": {
+        "output_sha": sha,
+        "prompt_lengths": [len(p) for p in ids],
+        "chat_template": bool(self.cfg.chat_template),
+        "fuse_projections": bool(self.cfg.fuse_projections),
+      },
+    }
+    return row
+
+  def _gate(self, cell: Cell, leg: int, sha: str, baseline_sha: str | None):
+    if cell.method == "null":
+      return "baseline", True
+    if cell.temperature == 0:
+      return "greedy outputs == no-draft arm, same leg", sha == baseline_sha
+    # Sampled cell: greedy check of the same drafter and k on the first two prompts.
+    ids = self.prompt_ids(cell.prompt_tokens, leg)[:2]
+    key = (cell.prompt_tokens, leg)
+    if key not in self._greedy_ref:
+      self._greedy_ref[key] = self._generate(cell, ids, 0, "null", 0.0).tokens
+    out = self._generate(cell, ids, 0, temperature=0.0, acceptance="greedy").tokens
+    if out == self._greedy_ref[key]:
+      return "greedy check (2 prompts) == no-draft arm", True
+    same = self._generate(cell, ids, 0, temperature=0.0, acceptance="reject").tokens
+    return "greedy check (2 prompts) == same-shape baseline (not == no-draft arm)", out == same
+
+  def _batches(self, cell: Cell, ids, seed: int, **kw):
+    """The cell's generations over ids, cell.batch prompts at a time."""
+    for i in range(0, len(ids), cell.batch):
+      yield self._generate(cell, ids[i : i + cell.batch], seed + i, **kw)
+
+
+class CompileCounter:
+  """Counts the XLA executables built while active, and their seconds: a backend compile or a load
+  from the persistent compilation cache (jax times both as one event); a call that finds its
+  executable in memory records nothing. Eager ops count too, once per new shape."""
+
+  EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+
+  def __init__(self):
+    self.count, self.seconds = 0, 0.0
+
+  def _listen(self, event: str, duration: float, **_) -> None:
+    if event == self.EVENT:
+      self.count += 1
+      self.seconds += duration
+
+  def __enter__(self) -> "CompileCounter":
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+def kv_dtype(cell: Cell):
+  """The cell's KV cache dtype for generate(); None keeps the target's own."""
+  return None if cell.kv_dtype == "model" else jnp.dtype(cell.kv_dtype)
+
+
+def baseline_key(cell: Cell, leg: int) -> tuple:
+  return (*dataclasses.astuple(cell.baseline), leg)
+
+
+def cell_of(row: dict) -> tuple:
+  return (*(row[f.name] for f in dataclasses.fields(Cell)), row["leg"])

@@ -1,0 +1,1 @@
+"""The ops the models call, each with one dispatch point: kernel or XLA."""

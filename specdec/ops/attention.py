@@ -1,0 +1,57 @@
+"""Attention over the static KV cache, with its one dispatch point: the Pallas decode kernel or XLA.
+
+Shapes: B batch, T queries, S cache slots, N query heads, K kv heads, G = N / K, H head dim.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas import decode_attention
+from specdec.ops.kv_cache import from_cache
+
+ATTENTION_PATHS = ("auto", "xla")  # what `attention_path` returns
+
+
+def attention_path() -> str:
+  """The attention path result rows record: "xla" when SPECDEC_ATTENTION=xla forces `attend_xla`,
+  else "auto" (the kernel where `attend` can use it)."""
+  return "xla" if os.environ.get("SPECDEC_ATTENTION", "") == "xla" else "auto"
+
+
+def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0):
+  """Each query t of row b over the cache slots <= positions[b, t], caches as stored (an FP8
+  cache's codes read as code x scale, `from_cache`): kernels_pallas's decode attention on a GPU
+  where it applies (a few queries per kv head; measured faster in docs/benchmarks.md; FP8 codes
+  read as they are where SMEM allows, else widened first), else `attend_xla`.
+  SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
+  da = _attention_kernels()
+  if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # the caches as stored
+    return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
+  k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
+  v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
+  if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # FP8 codes over SMEM, widened
+    return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+  return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+
+
+def _attention_kernels():
+  """kernels_pallas.decode_attention on a GPU unless SPECDEC_ATTENTION=xla, else None."""
+  if attention_path() != "auto" or jax.default_backend() != "gpu":
+    return None
+  return decode_attention
+
+
+def attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT):
+  B, T, N, H = q_BTNH.shape
+  K = k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+  s_BTKGS = jnp.einsum("BTKGH,BSKH->BTKGS", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
+  s_BTKGS = s_BTKGS * (H**-0.5)
+  slots_S = jnp.arange(k_BSKH.shape[1])
+  visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
+  s_BTKGS = jnp.where(visible_BTS[:, :, None, None, :], s_BTKGS, -1e30)
+  p_BTKGS = jax.nn.softmax(s_BTKGS, axis=-1).astype(v_BSKH.dtype)
+  o_BTKGH = jnp.einsum("BTKGS,BSKH->BTKGH", p_BTKGS, v_BSKH, preferred_element_type=jnp.float32)
+  return o_BTKGH.reshape(B, T, N, H).astype(q_BTNH.dtype)

@@ -1,0 +1,131 @@
+"""The decoding loop: batching, stopping, determinism, sampling transforms, input checks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec
+from specdec.decoding.generate import cache_slots, prompt_bucket
+from specdec.decoding.step import StepConfig, decode_chunk, prefill
+from specdec.drafters import block, eagle3, mtp, ngram
+from specdec.ops import sampling as S
+from tests.helpers import tiny_model
+
+PROMPTS = [
+  [1, 2, 3, 4, 5, 6, 7],
+  [9, 8],
+  [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 11],
+]
+
+
+@pytest.fixture(scope="module")
+def model():
+  return tiny_model()
+
+
+def test_batch_rows_match_single_rows(model):
+  batch = specdec.generate(model, PROMPTS, max_new_tokens=20)
+  for p, out in zip(PROMPTS, batch.tokens, strict=True):
+    assert specdec.generate(model, [p], max_new_tokens=20).tokens[0] == out
+  assert [len(t) for t in batch.tokens] == [20, 20, 20]
+  assert batch.stats["rows"]["steps"] == [19, 19, 19]  # the first token comes from prefill
+  assert batch.stats["tau"] == 1.0
+
+
+def test_generation_continues_the_logits_argmax(model):
+  out = specdec.generate(model, [PROMPTS[0]], max_new_tokens=6).tokens[0]
+  seq = PROMPTS[0] + out
+  logits = np.asarray(model.logits(np.asarray([seq])))
+  assert logits[0, len(PROMPTS[0]) - 1 : -1].argmax(-1).tolist() == out
+
+
+def test_eos_stops_each_row(model):
+  free = specdec.generate(model, PROMPTS, max_new_tokens=20).tokens
+  eos = free[0][5]
+  m = specdec.Model(model.config.replace(eos_token_ids=(eos,)), model.params, None, model.dtype)
+  out = specdec.generate(m, PROMPTS, max_new_tokens=20)
+  for row, full in zip(out.tokens, free, strict=True):
+    cut = full.index(eos) + 1 if eos in full else len(full)
+    assert row == full[:cut]
+
+
+def test_sampling_is_deterministic_for_a_seed(model):
+  kw = dict(max_new_tokens=16, temperature=1.0, top_k=20, top_p=0.9)
+  a = specdec.generate(model, PROMPTS, seed=3, **kw).tokens
+  assert a == specdec.generate(model, PROMPTS, seed=3, **kw).tokens
+  assert a != specdec.generate(model, PROMPTS, seed=4, **kw).tokens
+
+
+def test_transform_order_temperature_then_top_k_then_top_p():
+  logits = jnp.log(jnp.asarray([0.5, 0.2, 0.15, 0.1, 0.05]))
+  # top-k=3 keeps {.5,.2,.15} -> renormalised {.588,.235,.176}; top-p=0.8 then keeps the first two.
+  p = np.asarray(S.probs(logits, S.Sampling(1.0, 3, 0.8)))
+  np.testing.assert_allclose(p, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0], rtol=1e-5)
+  # Temperature first: at T=0.5 the top token alone carries >= 0.8 of the mass.
+  p = np.asarray(S.probs(logits, S.Sampling(0.5, 3, 0.8)))
+  np.testing.assert_allclose(p, [1, 0, 0, 0, 0], atol=1e-6)
+  assert np.asarray(S.probs(logits, S.Sampling())).tolist() == [1, 0, 0, 0, 0]
+
+
+def test_chunk_moves_nothing_between_host_and_device(model):
+  sc = StepConfig(model.config, model.dtype, ngram(), 3, S.Sampling(), "greedy", ())
+  prompt = jnp.zeros((2, prompt_bucket(4)), jnp.int32)
+  slots = cache_slots(prompt.shape[1], 16, 3)
+  args = (model.params, (), prompt, jnp.array([4, 2]), jnp.array([16, 16]), jax.random.key(0))
+  st = prefill(*args, sc, slots)
+  decode_chunk(model.params, (), st, sc, 4)  # compile outside the guard
+  st = prefill(*args, sc, slots)
+  with jax.transfer_guard("disallow"):
+    st = decode_chunk(model.params, (), st, sc, 4)
+  hlo = decode_chunk.lower(model.params, (), st, sc, 4).as_text()
+  assert "callback" not in hlo and "outfeed" not in hlo
+  assert int(st.steps.max()) == 4
+
+
+@pytest.mark.parametrize(
+  "kw, fragment",
+  [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-1), "top_k"),
+    (dict(drafter=ngram(), k=0), "k must be"),
+    (dict(drafter=ngram(), k=600), "cache room"),
+    (dict(max_new_tokens=600), "cache room"),
+    (dict(drafter=ngram(), k=2, acceptance="typical"), "unknown acceptance mode"),
+    (dict(acceptance="greedy", temperature=0.7), "needs temperature=0"),
+    (dict(drafter=specdec.drafters.draft_lm(tiny_model(vocab_size=80)), k=2), "vocabulary"),
+    (dict(drafter=ngram(min_n=3, max_n=2), k=2), "min_n"),
+    (dict(prefill_chunk=24), "prefill_chunk must be a power of two"),
+  ],
+)
+def test_bad_input_is_refused_before_compiling(model, kw, fragment):
+  with pytest.raises(ValueError, match=fragment):
+    specdec.generate(model, PROMPTS, **{"max_new_tokens": 8, **kw})
+
+
+def test_prompt_longer_than_cache(model):
+  with pytest.raises(ValueError, match="cache room"):
+    specdec.generate(model, [[1] * 510], max_new_tokens=8)
+
+
+@pytest.mark.parametrize("name", ["ngram", "draft_lm", "mtp", "eagle3", "block"])
+def test_a_prompt_prefilled_in_slices_decodes_the_same(name):
+  """A 40-token prompt (bucket 64) through 16-token prefill slices: same tokens, with every kind of
+  drafter, those that read the target's taps and hidden states over the whole prompt included."""
+  model = tiny_model(num_hidden_layers=6)  # EAGLE-3 taps three distinct layers
+  drafter = {
+    "ngram": lambda: ngram(),
+    "draft_lm": lambda: specdec.drafters.draft_lm(tiny_model(seed=1)),
+    "mtp": lambda: mtp.mtp(model),
+    "eagle3": lambda: eagle3.eagle3(model),
+    "block": lambda: block.block(model),
+  }[name]()
+  prompt = [[(7 * i + 3) % 60 + 2 for i in range(40)]]
+  run = lambda chunk: specdec.generate(  # noqa: E731
+    model, prompt, max_new_tokens=24, drafter=drafter, k=3, prefill_chunk=chunk
+  )
+  whole, sliced = run(64), run(16)
+  assert sliced.tokens == whole.tokens
+  assert sliced.stats["accepted"] == whole.stats["accepted"]

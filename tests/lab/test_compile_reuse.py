@@ -1,0 +1,47 @@
+"""Compile reuse: a sweep builds each executable once and reuses it in every later cell and leg
+with the same static shapes; each row counts what its (cell, leg) built."""
+
+import os
+
+import jax
+import numpy as np
+
+from specdec.lab import driver, results
+from specdec.lab.sweep import CompileCounter
+from tests.lab.test_sweep import small_config
+
+
+def test_counter_counts_builds_not_calls():
+  f = jax.jit(lambda x: x * 3 + 1)
+  x7, y7, x8 = np.ones(7, np.float32), np.zeros(7, np.float32), np.ones(8, np.float32)
+  with CompileCounter() as first:
+    f(x7)
+  with CompileCounter() as same_shape:
+    f(y7)
+  with CompileCounter() as new_shape:
+    f(x8)
+  assert (first.count, same_shape.count, new_shape.count) == (1, 0, 1)
+  assert first.seconds > 0 and same_shape.seconds == 0
+
+
+def test_sweep_reuses_executables_unless_a_static_shape_changes(tmp_path):
+  jax.clear_caches()  # leg 0 builds its own executables, whatever ran before in this process
+  # prompt_tokens=400 extends the prompts (264 and 352 tokens) within the same 512 bucket: new
+  # prompt text, same static shapes. k is static (StepConfig): k=3 needs its own step.
+  cfg = small_config(ks=(1, 3), prompt_tokens=(0, 400))
+  driver.run(cfg, str(tmp_path), progress=False)
+  rows = results.load_rows(os.path.join(tmp_path, results.RESULTS_NAME))
+  by = {(r["method"], r["k"], r["prompt_tokens"], r["leg"]): r for r in rows}
+  assert len(by) == 12
+  assert by["ngram", 1, 400, 0]["extra"]["prompt_lengths"] == [400, 400]
+  assert by["ngram", 1, 0, 0]["extra"]["prompt_lengths"] == [264, 352]
+
+  # The first cell of each k builds its prefill and decode chunk.
+  for key in (("null", 0, 0, 0), ("ngram", 1, 0, 0), ("ngram", 3, 0, 0)):
+    assert by[key]["compiles"] >= 2 and by[key]["compile_s"] > 0, key
+  # Other prompt text in the same bucket, and every cell of leg 1 (a substituted prompt token and
+  # another seed): data only, nothing built.
+  reused = [key for key in by if key[2] == 400 or key[3] == 1]
+  assert len(reused) == 9
+  assert {key: by[key]["compiles"] for key in reused} == dict.fromkeys(reused, 0)
+  assert by["ngram", 1, 0, 1]["seed"] != by["ngram", 1, 0, 0]["seed"]
