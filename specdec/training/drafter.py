@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import specdec
+from specdec.checkpoint.loader import load
 from specdec.checkpoint.zoo import resolve_path
 from specdec.training import data, loop
 
@@ -88,7 +88,7 @@ def make_tau_eval(target, method: Method, prompts, k: int, max_new_tokens: int):
 
 def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
   """Trains cfg.method against cfg.target on corpus_dir/train.npy; exports to `out`."""
-  target = specdec.load(resolve_path(cfg.target), dtype=jnp.dtype(cfg.dtype))
+  target = load(resolve_path(cfg.target), dtype=jnp.dtype(cfg.dtype))
   train_tokens = data.load_tokens(os.path.join(corpus_dir, "train.npy"), cfg.train_tokens)
   method = build_method(cfg, target, train_tokens)
   params = method.init(jax.random.key(cfg.seed))
