@@ -19,6 +19,7 @@ import numpy as np
 
 from specdec.checkpoint.loader import load
 from specdec.checkpoint.zoo import resolve_path
+from specdec.decoding.generate import generate
 from specdec.training import data, loop
 
 
@@ -80,7 +81,7 @@ def heldout_prompts(tokens: np.ndarray, n: int, length: int) -> list[list[int]]:
 def make_tau_eval(target, method: Method, prompts, k: int, max_new_tokens: int):
   def eval_fn(params):
     d = method.drafter(jax.tree.map(np.asarray, params))
-    g = specdec.generate(target, prompts, max_new_tokens=max_new_tokens, drafter=d, k=k)
+    g = generate(target, prompts, max_new_tokens=max_new_tokens, drafter=d, k=k)
     return {"heldout_tau": g.stats["tau"], "heldout_acceptance": g.stats["acceptance_rate"]}
 
   return eval_fn
