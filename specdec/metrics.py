@@ -3,10 +3,10 @@
 The loop stores, per sequence, `accept_hist [n_buckets, k+1]`: entry [b, j] counts the verify steps
 that started with a context length in bucket b and accepted exactly j of the k drafted tokens. Every
 acceptance figure here is a function of that histogram, so curves can be re-derived offline from the
-stored rows (research/specdec_anchors.md section 0 explains why the histogram, not a rate, is
-stored).
+stored rows: tools report rate, tau and per-position curves under different definitions, and the
+histogram gives every one of them.
 
-Conventions (DESIGN.md section 7):
+Conventions (docs/design.md, "Metrics"):
 * tau (mean accepted length) includes the bonus token, tau = 1 + sum_j j h_j / sum_j h_j, so it
   lies in [1, k+1].
 * acceptance rate = accepted / proposed (vLLM's `draft_acceptance_rate`).
@@ -292,8 +292,9 @@ def timing_summary(requests: Sequence[Request], discard_first: int = 1) -> dict:
   """The timing fields of a result row for one leg.
 
   The first `discard_first` requests are cold (compilation, caches) and are dropped from every
-  figure (DESIGN 7). The whole-run wall clock then runs from the earliest start to the latest end of
-  the kept requests, which is right for sequential and for concurrent issue alike.
+  figure (docs/design.md, "Measurement conventions"). The whole-run wall clock then runs from the
+  earliest start to the latest end of the kept requests, which is right for sequential and for
+  concurrent issue alike.
   """
   kept = list(requests)[discard_first:]
   if not kept:

@@ -52,8 +52,8 @@ def apply_defaults() -> None:
 def serialize_graphs() -> None:
   """Turns concurrent regions off for this process (before JAX starts a backend). Kernel
   benchmarks need it: they sum CUPTI kernel times over a chain of independent calls, which
-  concurrent regions run side by side, so each call's time counts the others' (the first runs
-  with the default read XLA's bf16 dot at 255-409 us per call instead of ~107)."""
+  concurrent regions run side by side, so each call's time counts the others' (docs/benchmarks.md
+  has the probe runs that read XLA's dot that way)."""
   name = flag_name(CONCURRENT_REGION)
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if flag_name(f) != name]
   off = " ".join([*flags, f"{CONCURRENT_REGION}=false"])

@@ -53,8 +53,8 @@ def load_humaneval(
 
   rstrip: drop the prompt's trailing whitespace. Every prompt ends in a bare newline, but a
   byte-level BPE merges newline + indentation into one token, so a model never saw a bare newline
-  token before an indented body and dedents instead (our zoo target wrote a body for 3% of the
-  prompts as published, 53% stripped). Stripping lets the model emit the newline + indentation
+  token before an indented body and dedents instead (docs/benchmarks.md has the zoo target's
+  figures with and without). Stripping lets the model emit the newline + indentation
   token itself, the same repair as "token healing".
   """
   path = Path(path) if path is not None else humaneval_path()
@@ -262,7 +262,8 @@ def substitute_for_repetition(
   position: int = 1,
   avoid: Iterable[int] = (),
 ) -> list[int]:
-  """Change one early token so each repetition of a prompt is a different sequence (DESIGN 7).
+  """Change one early token so each repetition of a prompt is a different sequence (see
+  docs/design.md, "Measurement conventions").
 
   Repetition 0 is the prompt unchanged. Repetition r >= 1 replaces the token at `position` (default
   1: position 0 is often BOS, which models treat specially) with the r-th id after it in cyclic

@@ -9,7 +9,7 @@ import numpy as np
 
 from specdec import metrics
 from specdec.decoding import memory
-from specdec.decoding.accept import validate_mode
+from specdec.decoding.accept import Mode, validate_mode
 from specdec.decoding.step import PREFILL_CHUNK, StepConfig, decode_chunk, prefill
 from specdec.drafters.null import null
 from specdec.ops.kv_cache import check_kv_dtype
@@ -75,7 +75,7 @@ def generate(
   seed: int = 0,
   drafter=None,
   k: int | None = None,
-  acceptance: str | None = None,
+  acceptance: Mode | None = None,
   max_slots: int | None = None,
   min_bucket: int = MIN_BUCKET,
   kv_dtype=None,

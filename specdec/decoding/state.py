@@ -1,4 +1,9 @@
-"""The decode state: one typed pytree with static shapes, donated to every chunk."""
+"""The decode state: one typed pytree with static shapes, donated to every chunk.
+
+Slots at or past a row's `lengths` are stale, in `tokens` and in every KV cache (the target's in
+`cache`, a drafter's in `draft`): rollback of rejected drafts is a shorter length, never a copy.
+Shapes: B rows, S slots, k draft length (docs/design.md, "The decode state").
+"""
 
 from typing import Any
 

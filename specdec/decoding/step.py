@@ -1,7 +1,17 @@
 """Prefill and the draft -> verify -> accept -> commit step, run in fixed-trip-count chunks.
 
-`step` is one jitted, fixed-shape function per (B, k, S, drafter, sampling, mode): nothing in it
-depends on a Python value that changes between steps, and nothing leaves the device inside a chunk.
+The invariant everything here relies on: in the token buffer and in every KV cache, slots at or
+past a row's `lengths` are stale. They are masked when read and overwritten when the row grows,
+so rejecting drafts never copies or clears anything: rollback is a shorter length.
+
+`step` is one jitted, fixed-shape function per `StepConfig` (B, k, S, drafter, sampling, mode):
+nothing in it depends on a Python value that changes between steps, and nothing leaves the device
+inside a chunk. Its four phases run under `jax.named_scope`s of the same names, so a profile
+attributes each kernel to draft, verify, accept or commit. See docs/design.md, "The step".
+
+Shapes (docs/design.md, "Shape letters"): B rows, S slots, T tokens of a forward (the prompt
+bucket at prefill, k+1 at verify), J = k draft positions, C prefill slice, P positions whose
+logits are read, D model, V vocabulary.
 """
 
 import dataclasses
@@ -10,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specdec.decoding.accept import accept
+from specdec.decoding.accept import Mode, accept
 from specdec.decoding.state import DecodeState, counters, ctx_bucket
 from specdec.drafters.base import Context, Drafter
 from specdec.models.config import ModelConfig
@@ -29,7 +39,7 @@ class StepConfig:
   drafter: Drafter
   k: int
   sampling: sampling_lib.Sampling
-  mode: str
+  mode: Mode
   eos_ids: tuple[int, ...]
   kv_dtype: object = None  # None: the model's dtype
   # Longest prompt slice one prefill forward takes. Attention scores of a T-token forward are
@@ -77,12 +87,13 @@ def _prompt_forward(params, prompt_BT, last_BP, cache: KVCache, sc: StepConfig) 
     )  # fmt: skip
     return out.cache, (out.hidden, out.taps)
 
-  cache, (hidden_NBCD, taps_NBCD) = jax.lax.scan(chunk, cache, jnp.arange(T // C))
-  whole = lambda x_NBCD: jnp.moveaxis(x_NBCD, 0, 1).reshape(B, T, -1)  # noqa: E731
-  hidden_BTD = whole(hidden_NBCD)
+  # The scan stacks one [B, C, D] per slice; `whole` lays the T // C slices back along T.
+  cache, (hidden, taps) = jax.lax.scan(chunk, cache, jnp.arange(T // C))
+  whole = lambda x: jnp.moveaxis(x, 0, 1).reshape(B, T, -1)  # noqa: E731
+  hidden_BTD = whole(hidden)
   h_BPD = jnp.take_along_axis(hidden_BTD, last_BP[:, :, None], axis=1)
   logits = sc.module.apply(params, h_BPD, method=Transformer.head)
-  return ForwardOut(logits, cache, tuple(whole(t) for t in taps_NBCD), hidden_BTD)
+  return ForwardOut(logits, cache, tuple(whole(t) for t in taps), hidden_BTD)
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "slots"))
@@ -112,50 +123,69 @@ def prefill(
   )
 
 
+def emit_counts(n_acc_B, emit_BT, budget_B, done_B, eos_ids: tuple[int, ...]):
+  """How many of a verify's T = k+1 output tokens each row emits, and which rows emit an EOS.
+
+  A row that is still running emits its n_acc accepted drafts and the corrected or bonus token
+  (n_acc + 1), cut to its remaining budget, then cut again just after the first EOS among the
+  tokens it would emit; a row already done emits nothing. emit_BT is `accept`'s output (entries
+  after n_acc are ignored), budget_B = max_new - generated. Returns (n_emit_B, eos_B), eos_B
+  True where a running row's emitted tokens include an EOS.
+  """
+  j_T = jnp.arange(emit_BT.shape[1])
+  n_emit_B = jnp.minimum(n_acc_B + 1, budget_B)
+  eos_BT = _is_eos(emit_BT, eos_ids) & (j_T[None, :] < n_emit_B[:, None])
+  hit_eos_B = jnp.any(eos_BT, 1)
+  n_emit_B = jnp.where(hit_eos_B, jnp.argmax(eos_BT, 1) + 1, n_emit_B)
+  active_B = ~done_B
+  return jnp.where(active_B, n_emit_B, 0), active_B & hit_eos_B
+
+
 def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
+  """One draft -> verify -> accept -> commit step over every row (done rows change nothing)."""
   B, S = st.tokens.shape
   k = sc.k
   b_B = jnp.arange(B)
   key, k_draft, k_accept = jax.random.split(st.key, 3)
-  ctx = Context(st.tokens, st.lengths)
 
-  draft_BK, q_BKV, draft = sc.drafter.propose(
-    draft_params, st.draft, ctx, k, sc.draft_sampling, k_draft
-  )
-  last_B = st.tokens[b_B, st.lengths - 1]
-  verify_BK1 = jnp.concatenate([last_B[:, None], draft_BK], 1)
-  positions_BK1 = st.lengths[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)
-  out = sc.module.apply(params, verify_BK1, positions_BK1, st.cache, taps=sc.drafter.taps)
-  n_acc_B, emit_BK1 = accept(k_accept, out.logits, draft_BK, q_BKV, sc.sampling, sc.mode)
+  with jax.named_scope("draft"):
+    draft_BJ, q_BJV, draft = sc.drafter.propose(
+      draft_params, st.draft, Context(st.tokens, st.lengths), k, sc.draft_sampling, k_draft
+    )
 
-  # Emit the accepted drafts and the corrected/bonus token, cut at the budget and at EOS.
-  active_B = ~st.done
-  j_K1 = jnp.arange(k + 1)
-  n_emit_B = jnp.minimum(n_acc_B + 1, st.max_new - st.generated)
-  eos_BK1 = _is_eos(emit_BK1, sc.eos_ids) & (j_K1[None, :] < n_emit_B[:, None])
-  hit_eos_B = jnp.any(eos_BK1, 1)
-  n_emit_B = jnp.where(hit_eos_B, jnp.argmax(eos_BK1, 1) + 1, n_emit_B)
-  n_emit_B = jnp.where(active_B, n_emit_B, 0)
-  write_BK1 = jnp.where(j_K1[None, :] < n_emit_B[:, None], st.lengths[:, None] + j_K1, S)
-  tokens = st.tokens.at[b_B[:, None], write_BK1].set(emit_BK1, mode="drop")
-  lengths = st.lengths + n_emit_B
-  done = st.done | (active_B & hit_eos_B) | (lengths - st.prompt_lengths >= st.max_new)
+  with jax.named_scope("verify"):
+    # One target forward over [newest committed token, d_1 .. d_k] writes their K/V at slots
+    # lengths-1 .. lengths+k-1; whatever the accept phase rejects stays stale past `lengths`.
+    last_B = st.tokens[b_B, st.lengths - 1]
+    verify_BT = jnp.concatenate([last_B[:, None], draft_BJ], 1)
+    positions_BT = st.lengths[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)
+    out = sc.module.apply(params, verify_BT, positions_BT, st.cache, taps=sc.drafter.taps)
 
-  one_B = active_B.astype(jnp.int32)
-  hist = st.accept_hist.at[b_B, ctx_bucket(st.lengths), n_acc_B].add(one_B)
-  draft = sc.drafter.commit(draft_params, draft, Context(tokens, lengths), n_acc_B, out)
-  return st.replace(
-    tokens=tokens,
-    lengths=lengths,
-    cache=out.cache,
-    draft=draft,
-    key=key,
-    done=done,
-    steps=st.steps + one_B,
-    proposed=st.proposed + one_B * k,
-    accepted=st.accepted + one_B * n_acc_B,
-    accept_hist=hist,
-  )
+  with jax.named_scope("accept"):
+    n_acc_B, emit_BT = accept(k_accept, out.logits, draft_BJ, q_BJV, sc.sampling, sc.mode)
+    n_emit_B, eos_B = emit_counts(n_acc_B, emit_BT, st.max_new - st.generated, st.done, sc.eos_ids)
+
+  with jax.named_scope("commit"):
+    j_T = jnp.arange(k + 1)
+    write_BT = jnp.where(j_T[None, :] < n_emit_B[:, None], st.lengths[:, None] + j_T, S)
+    tokens = st.tokens.at[b_B[:, None], write_BT].set(emit_BT, mode="drop")
+    lengths = st.lengths + n_emit_B
+    done = st.done | eos_B | (lengths - st.prompt_lengths >= st.max_new)
+    one_B = (~st.done).astype(jnp.int32)
+    hist = st.accept_hist.at[b_B, ctx_bucket(st.lengths), n_acc_B].add(one_B)
+    draft = sc.drafter.commit(draft_params, draft, Context(tokens, lengths), n_acc_B, out)
+    return st.replace(
+      tokens=tokens,
+      lengths=lengths,
+      cache=out.cache,
+      draft=draft,
+      key=key,
+      done=done,
+      steps=st.steps + one_B,
+      proposed=st.proposed + one_B * k,
+      accepted=st.accepted + one_B * n_acc_B,
+      accept_hist=hist,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "n_steps"), donate_argnames=("st",))

@@ -1,14 +1,14 @@
-"""The drafter protocol (DESIGN section 3).
+"""The drafter protocol (docs/design.md, "Drafters").
 
 A drafter is a frozen, hashable description (it is a static argument of the jitted step); its
 weights travel separately as `params`, passed to every call as an argument, never closed over.
 
   init(params, prompt_BT, lengths_B, target) -> state         after the target's prefill
-  propose(params, state, ctx, k, sampling, key) -> (draft_BK, q_BKV | None, state)
+  propose(params, state, ctx, k, sampling, key) -> (draft_BJ, q_BJV | None, state)
   commit(params, state, ctx, n_acc_B, target) -> state         after acceptance
 
 `target` is the target's `ForwardOut` of that call (logits, taps at `taps`, final hidden); `ctx`
-holds the committed token buffer and lengths. Every shape is static.
+holds the committed token buffer and lengths. Every shape is static; J = k draft positions.
 """
 
 import dataclasses

@@ -156,17 +156,17 @@ class Block(Drafter):
           if extra is None
           else jax.tree.map(lambda a, b: jnp.concatenate([a, b], 1), extra, new)
         )
-    draft_BK = jnp.concatenate(drafts, 1)[:, :k]
-    q_BKV = None if qs[0] is None else jnp.concatenate(qs, 1)[:, :k]
-    return draft_BK, q_BKV, st.replace(start=start_B)
+    draft_BJ = jnp.concatenate(drafts, 1)[:, :k]
+    q_BJV = None if qs[0] is None else jnp.concatenate(qs, 1)[:, :k]
+    return draft_BJ, q_BJV, st.replace(start=start_B)
 
   def commit(self, params, st, ctx, n_acc_B, target):
-    K1 = target.taps[0].shape[1]
-    pos_BK1 = st.start[:, None] + jnp.arange(K1, dtype=jnp.int32)
-    ks, vs = self._context(params, target.taps, pos_BK1)
+    T = target.taps[0].shape[1]  # the verify's k+1 positions
+    pos_BT = st.start[:, None] + jnp.arange(T, dtype=jnp.int32)
+    ks, vs = self._context(params, target.taps, pos_BT)
     return st.replace(
-      k=tuple(write_cache(c, n, pos_BK1) for c, n in zip(st.k, ks, strict=True)),
-      v=tuple(write_cache(c, n, pos_BK1) for c, n in zip(st.v, vs, strict=True)),
+      k=tuple(write_cache(c, n, pos_BT) for c, n in zip(st.k, ks, strict=True)),
+      v=tuple(write_cache(c, n, pos_BT) for c, n in zip(st.v, vs, strict=True)),
     )
 
 

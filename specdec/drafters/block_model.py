@@ -1,7 +1,8 @@
 """The block drafter's network (DFlash, DFlash2) as Flax modules, for inference and training alike.
 
-Shapes: B batch, R query rows (one or more blocks of b rows laid out contiguously), S context slots,
-E extra key rows, D model, N/K/G/H heads as in `specdec.models.transformer`, X fused-tap width.
+Shapes (docs/design.md, "Shape letters"): B batch, R query rows (one or more blocks of b rows laid
+out contiguously), S context slots (in `_attend`: one key group's rows), E extra key rows, D model,
+N/K/G/H heads, X fused-tap width (n_taps x D), P drafted positions, c candidates, r selector rank.
 
 Context: the target's hidden states after `target_layer_ids`, concatenated [.., n_taps * D], become
 `hidden_norm(fc(taps))`; every draft layer projects that one feature into its own K/V
@@ -52,21 +53,22 @@ def _in_window(dist, window):
 
 
 def _attend(q_BRNH, groups):
-  """One softmax over several key groups, each (k_BXKH, v_BXKH, visible_BRX): the context cache
-  is read in place instead of being concatenated with the block's keys."""
+  """One softmax over several key groups, each (k_BSKH, v_BSKH, visible_BRS) with S that group's
+  key rows: the context cache is read in place instead of being concatenated with the block's
+  keys."""
   B, R, N, H = q_BRNH.shape
   K = groups[0][0].shape[2]
   q_BRKGH = q_BRNH.reshape(B, R, K, N // K, H)
   scores = []
-  for k_BXKH, _, vis_BRX in groups:
-    s = jnp.einsum("BRKGH,BXKH->BRKGX", q_BRKGH, k_BXKH, preferred_element_type=jnp.float32)
-    scores.append(jnp.where(vis_BRX[:, :, None, None, :], s * (H**-0.5), -1e30))
-  p_BRKGX = jax.nn.softmax(jnp.concatenate(scores, -1), axis=-1)
+  for k_BSKH, _, vis_BRS in groups:
+    s = jnp.einsum("BRKGH,BSKH->BRKGS", q_BRKGH, k_BSKH, preferred_element_type=jnp.float32)
+    scores.append(jnp.where(vis_BRS[:, :, None, None, :], s * (H**-0.5), -1e30))
+  p = jax.nn.softmax(jnp.concatenate(scores, -1), axis=-1)  # [B, R, K, G, all groups' rows]
   out, at = 0.0, 0
-  for k_BXKH, v_BXKH, _ in groups:
-    n = k_BXKH.shape[1]
-    p = p_BRKGX[..., at : at + n].astype(v_BXKH.dtype)
-    out = out + jnp.einsum("BRKGX,BXKH->BRKGH", p, v_BXKH, preferred_element_type=jnp.float32)
+  for k_BSKH, v_BSKH, _ in groups:
+    n = k_BSKH.shape[1]
+    p_BRKGS = p[..., at : at + n].astype(v_BSKH.dtype)
+    out = out + jnp.einsum("BRKGS,BSKH->BRKGH", p_BRKGS, v_BSKH, preferred_element_type=jnp.float32)
     at += n
   return out.reshape(B, R, N, H).astype(q_BRNH.dtype)
 
@@ -119,19 +121,22 @@ class DraftAttention(nn.Module):
     return self.o_proj(o_BRNH.reshape(B, R, -1)), k_BRKH, v_BRKH
 
 
-def grouped_conv(x_BRD, delta_BRTG, base_TD, offset_BR):
+def grouped_conv(x_BRD, delta, base, offset_BR):
   """out_t = sum_j (base[j] + delta_t[j]) * x_{t-j}, taps j = 0 (current row), 1, ...; a tap that
-  would read before the row's block start reads zero (taps never cross a block boundary)."""
+  would read before the row's block start reads zero (taps never cross a block boundary).
+
+  delta [B, R, taps, groups] (one correction per row, tap and channel group), base [taps, D]; the
+  grouped arrays below are x viewed as [B, R, groups, D / groups]."""
   B, R, D = x_BRD.shape
-  T, G = delta_BRTG.shape[2], delta_BRTG.shape[3]
-  x_BRGC = x_BRD.reshape(B, R, G, D // G)
-  coef_BRTGC = base_TD.reshape(T, G, D // G).astype(x_BRD.dtype) + delta_BRTG[..., None]
-  out_BRGC = coef_BRTGC[:, :, 0] * x_BRGC
-  for j in range(1, T):
-    shifted_BRGC = jnp.pad(x_BRGC[:, :-j], ((0, 0), (j, 0), (0, 0), (0, 0)))
+  taps, groups = delta.shape[2], delta.shape[3]
+  xg = x_BRD.reshape(B, R, groups, D // groups)
+  coef = base.reshape(taps, groups, D // groups).astype(x_BRD.dtype) + delta[..., None]
+  out = coef[:, :, 0] * xg
+  for j in range(1, taps):
+    shifted = jnp.pad(xg[:, :-j], ((0, 0), (j, 0), (0, 0), (0, 0)))
     keep_BR11 = (offset_BR >= j)[:, :, None, None]
-    out_BRGC = out_BRGC + jnp.where(keep_BR11, coef_BRTGC[:, :, j] * shifted_BRGC, 0)
-  return out_BRGC.reshape(B, R, D)
+    out = out + jnp.where(keep_BR11, coef[:, :, j] * shifted, 0)
+  return out.reshape(B, R, D)
 
 
 class DynamicConv(nn.Module):
@@ -149,15 +154,16 @@ class DynamicConv(nn.Module):
   @nn.compact
   def __call__(self, x_BRD, offset_BR):
     B, R, D = x_BRD.shape
-    T, G = self.taps, D // self.group_size
+    taps, groups = self.taps, D // self.group_size
 
     def identity(key, shape, dtype=jnp.float32):
       return jnp.zeros(shape, dtype).at[:, 0].set(1)
 
-    base_2TD = self.param("base_kernel", identity, (2, T, D))
-    delta_BR2TG = Linear(2 * T * G, name="kernel_projection")(x_BRD).reshape(B, R, 2, T, G)
-    y_BRD = grouped_conv(x_BRD, delta_BR2TG[:, :, 0], base_2TD[0], offset_BR)
-    return y_BRD, (delta_BR2TG[:, :, 1], base_2TD[1])
+    base = self.param("base_kernel", identity, (2, taps, D))  # [side, taps, D]
+    delta = Linear(2 * taps * groups, name="kernel_projection")(x_BRD)
+    delta = delta.reshape(B, R, 2, taps, groups)  # [B, R, side, taps, groups]
+    y_BRD = grouped_conv(x_BRD, delta[:, :, 0], base[0], offset_BR)
+    return y_BRD, (delta[:, :, 1], base[1])
 
 
 class DraftLayer(nn.Module):
@@ -206,12 +212,12 @@ class Selector(nn.Module):
   @nn.compact
   def __call__(self, h_BPD, pred_BPp, cand_BPc):
     init = nn.initializers.normal(1.0)
-    a_VR = self.param("predecessor_codebook", init, (self.vocab, self.rank))
-    b_VR = self.param("successor_codebook", init, (self.vocab, self.rank))
-    proj_BPR = Linear(self.rank, name="hidden_projection")(h_BPD).astype(jnp.float32)
-    a_BPpR = a_VR[pred_BPp].astype(jnp.float32)
-    b_BPcR = b_VR[cand_BPc].astype(jnp.float32)
-    return jnp.einsum("BPpR,BPR,BPcR->BPpc", a_BPpR, proj_BPR, b_BPcR)
+    a_Vr = self.param("predecessor_codebook", init, (self.vocab, self.rank))
+    b_Vr = self.param("successor_codebook", init, (self.vocab, self.rank))
+    proj_BPr = Linear(self.rank, name="hidden_projection")(h_BPD).astype(jnp.float32)
+    a_BPpr = a_Vr[pred_BPp].astype(jnp.float32)
+    b_BPcr = b_Vr[cand_BPc].astype(jnp.float32)
+    return jnp.einsum("BPpr,BPr,BPcr->BPpc", a_BPpr, proj_BPr, b_BPcr)
 
 
 class BlockDraft(nn.Module):

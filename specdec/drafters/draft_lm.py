@@ -55,10 +55,10 @@ class DraftLM(Drafter):
       nd_B, nq_BV = pick(key_i, o.logits[:, 0], sampling)
       return (o.cache, nd_B, pos_B + 1), (nd_B, nq_BV)
 
-    (cache, _, _), (rest_KB, rest_KBV) = jax.lax.scan(one, (out.cache, d_B, lengths_B), keys[1:])
-    draft_BK = jnp.concatenate([d_B[:, None], rest_KB.T], 1)
-    q_BKV = jnp.concatenate([q_BV[:, None], jnp.swapaxes(rest_KBV, 0, 1)], 1)
-    return draft_BK, q_BKV, cache
+    (cache, _, _), (rest_JB, rest_JBV) = jax.lax.scan(one, (out.cache, d_B, lengths_B), keys[1:])
+    draft_BJ = jnp.concatenate([d_B[:, None], rest_JB.T], 1)
+    q_BJV = jnp.concatenate([q_BV[:, None], jnp.swapaxes(rest_JBV, 0, 1)], 1)
+    return draft_BJ, q_BJV, cache
 
 
 def draft_lm(model) -> DraftLM:

@@ -108,16 +108,15 @@ class ChainedHead(Drafter):
     B, T = tokens_BT.shape
     O = origins_BO.shape[1]
     b_BO = jnp.broadcast_to(jnp.arange(B)[:, None], (B, O))
-    h_R1D = out_BTD[b_BO, origins_BO].reshape(B * O, 1, -1)
+    # [B * O, 1, D]: every (row, origin) pair is one row of the head's batch.
+    h = out_BTD[b_BO, origins_BO].reshape(B * O, 1, -1)
     cache = jax.tree.map(lambda x: jnp.repeat(x, O, axis=0), cache)
     outs = []
     for s in range(1, depth):
       pos_BO = origins_BO + s
       tok_BO = tokens_BT[b_BO, jnp.minimum(pos_BO + 1, T - 1)]
-      h_R1D, cache = self.forward(
-        params, h_R1D, tok_BO.reshape(B * O, 1), pos_BO.reshape(B * O, 1), cache
-      )
-      outs.append(h_R1D.reshape(B, O, -1))
+      h, cache = self.forward(params, h, tok_BO.reshape(B * O, 1), pos_BO.reshape(B * O, 1), cache)
+      outs.append(h.reshape(B, O, -1))
     return outs
 
   def init(self, params, prompt_BT, lengths_B, target):
@@ -147,23 +146,23 @@ class ChainedHead(Drafter):
       return (cache, o_B1D[:, 0], nd_B, pos_B + 1), (nd_B, nq_BV)
 
     carry = (cache, out_BD, d_B, lengths_B - 1)
-    (cache, _, _, _), (rest_KB, rest_KBV) = jax.lax.scan(one, carry, keys[1:])
-    draft_BK = jnp.concatenate([d_B[:, None], rest_KB.T], 1)
-    q_BKV = jnp.concatenate([q_BV[:, None], jnp.swapaxes(rest_KBV, 0, 1)], 1)
-    return draft_BK, q_BKV, state.replace(cache=cache, fresh=jnp.array(False))
+    (cache, _, _, _), (rest_JB, rest_JBV) = jax.lax.scan(one, carry, keys[1:])
+    draft_BJ = jnp.concatenate([d_B[:, None], rest_JB.T], 1)
+    q_BJV = jnp.concatenate([q_BV[:, None], jnp.swapaxes(rest_JBV, 0, 1)], 1)
+    return draft_BJ, q_BJV, state.replace(cache=cache, fresh=jnp.array(False))
 
   def commit(self, params, state: HeadState, ctx, n_acc_B, target):
     tokens_BS, lengths_B = ctx.tokens_BS, ctx.lengths_B
     S = tokens_BS.shape[1]
-    K1 = target.logits.shape[1]
+    T = target.logits.shape[1]  # the verify's k+1 positions
     # Rows still running emitted n_acc + 1 tokens; finished rows compute harmless garbage.
     old_B = lengths_B - n_acc_B - 1
-    positions_BK1 = jnp.maximum(old_B[:, None] - 1 + jnp.arange(K1, dtype=jnp.int32), 0)
-    next_BK1 = jnp.take_along_axis(tokens_BS, jnp.minimum(positions_BK1 + 1, S - 1), 1)
-    out_BK1D, cache = self.forward(
-      params, self.features(params, target), next_BK1, positions_BK1, state.cache
+    positions_BT = jnp.maximum(old_B[:, None] - 1 + jnp.arange(T, dtype=jnp.int32), 0)
+    next_BT = jnp.take_along_axis(tokens_BS, jnp.minimum(positions_BT + 1, S - 1), 1)
+    out_BTD, cache = self.forward(
+      params, self.features(params, target), next_BT, positions_BT, state.cache
     )
-    out_BD = gather_B(out_BK1D, n_acc_B).astype(self.dtype)
+    out_BD = gather_B(out_BTD, n_acc_B).astype(self.dtype)
     return HeadState(cache=cache, h_BD=out_BD, fresh=jnp.array(False))
 
 

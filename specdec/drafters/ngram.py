@@ -39,10 +39,10 @@ class NGram(Drafter):
       match_BS &= (lengths_B >= n + 1)[:, None]
       last_B = jnp.max(jnp.where(match_BS, j_S[None, :], -1), axis=1)
       best_start_B = jnp.where(last_B >= 0, last_B + n, best_start_B)
-    idx_BK = best_start_B[:, None] + jnp.arange(k)[None, :]
-    valid_BK = (best_start_B[:, None] >= 0) & (idx_BK < lengths_B[:, None])
-    draft_BK = jnp.take_along_axis(tokens_BS, jnp.clip(idx_BK, 0, S - 1), 1)
-    return jnp.where(valid_BK, draft_BK, PAD).astype(jnp.int32), None, state
+    idx_BJ = best_start_B[:, None] + jnp.arange(k)[None, :]
+    valid_BJ = (best_start_B[:, None] >= 0) & (idx_BJ < lengths_B[:, None])
+    draft_BJ = jnp.take_along_axis(tokens_BS, jnp.clip(idx_BJ, 0, S - 1), 1)
+    return jnp.where(valid_BJ, draft_BJ, PAD).astype(jnp.int32), None, state
 
 
 def ngram(min_n: int = 1, max_n: int = 4) -> NGram:

@@ -41,7 +41,8 @@ class Field:
 
 _F = Field
 ROW_FIELDS: dict[str, Field] = {
-  # What was measured: the cell. Every DESIGN-7 condition is required.
+  # What was measured: the cell. Every condition of docs/design.md, "Measurement conventions",
+  # is required.
   "method": _F(
     "str", True, "drafter: null (AR baseline, k=0), same_shape, ngram, draft_lm, mtp, ..."
   ),

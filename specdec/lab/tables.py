@@ -4,7 +4,8 @@ Legs are aggregated per cell: scalar metrics are the mean over legs, tok/s colum
 spread as "±x%" (half the range over the mean, metrics.leg_spread), and per-position curves come
 from the legs' pooled histograms. Speedup is paired by leg (arms run interleaved, so leg l of a
 method and leg l of the baseline ran side by side), averaged over the shared legs. A speed figure
-whose cell or baseline failed the greedy correctness gate is withheld (DESIGN 7), never printed.
+whose cell or baseline failed the greedy correctness gate is withheld, never printed
+(docs/design.md, "Measurement conventions").
 
 Conditions every row of a table shares go in its caption; conditions that vary become block titles,
 so a number is never shown without what it was measured under.

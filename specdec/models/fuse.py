@@ -1,12 +1,11 @@
 """Sibling projections fused into one matmul each: q/k/v -> qkv_proj, gate/up -> gate_up_proj.
 
-A decode step at small batch is a chain of GEMVs; the premise, not yet measured (bench_decode's
-`flags` part has the arm), is that one launch over q, k and v's 48 MB on a Qwen3-8B layer costs
-less than three over 32 + 8 + 8 MB, since every launch has a fixed cost and a small GEMV may not
-reach full bandwidth. This is an inference-time transform of the params;
-checkpoints, training and drafters keep the separate projections, and `specdec.save` refuses a
-fused model. EXL3 projections stay separate: each rotates its input by its own sign/scale vector
-(suh), so no single weight serves their concatenation.
+A decode step at small batch is a chain of GEMVs, and every launch has a fixed cost, so one launch
+over q, k and v (or gate and up) beats three (or two); docs/benchmarks.md has the measured step.
+This is an inference-time transform of the params: checkpoints, training and drafters keep the
+separate projections, and `specdec.save` refuses a fused model. EXL3 projections stay separate:
+each rotates its input by its own sign/scale vector (suh), so no single weight serves their
+concatenation.
 """
 
 import dataclasses

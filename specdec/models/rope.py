@@ -75,9 +75,9 @@ def _inv_freq_and_scale(c: ModelConfig) -> tuple[np.ndarray, float]:
 def apply_rope(x_BTNH, positions_BT, inv_freq_h, scale: float):
   """Rotate-half convention (HF): pairs are (i, i + H/2)."""
   angles_BTh = positions_BT[..., None].astype(jnp.float32) * jnp.asarray(inv_freq_h, jnp.float32)
-  cos_BTH = jnp.concatenate([jnp.cos(angles_BTh)] * 2, -1)[:, :, None, :] * scale
-  sin_BTH = jnp.concatenate([jnp.sin(angles_BTh)] * 2, -1)[:, :, None, :] * scale
+  cos_BT1H = jnp.concatenate([jnp.cos(angles_BTh)] * 2, -1)[:, :, None, :] * scale
+  sin_BT1H = jnp.concatenate([jnp.sin(angles_BTh)] * 2, -1)[:, :, None, :] * scale
   x = x_BTNH.astype(jnp.float32)
   half = x.shape[-1] // 2
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
-  return (x * cos_BTH + rotated * sin_BTH).astype(x_BTNH.dtype)
+  return (x * cos_BT1H + rotated * sin_BT1H).astype(x_BTNH.dtype)

@@ -1,8 +1,9 @@
 """The decoder stack for the Qwen3 dense family and Llama, as one Flax module.
 
-Shapes: B batch, T new tokens, S cache slots, D model, F mlp, N query heads, K kv heads,
-G = N / K query heads per kv head, H head dim, V vocabulary, X heads x head dim flattened (a
-projection's output before it is split into heads).
+Shapes (docs/design.md, "Shape letters"): B batch, T new tokens, S cache slots, D model, F mlp,
+N query heads, K kv heads, G = N / K query heads per kv head, H head dim, V vocabulary, X heads x
+head dim flattened (a projection's output before it is split into heads), P positions whose
+logits are read.
 
 The KV cache is static: slot s holds the token at absolute position s. A forward writes K/V at
 `positions` and attends to slots <= each query's position, so slots beyond a row's length are

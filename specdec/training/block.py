@@ -13,13 +13,11 @@ accepted length (bonus included) of a k = b-1 proposal at a random anchor.
 
 Loss. sum_i w_i CE_i / sum_i w_i with w_i = exp(-(i-1) / gamma) (DFlash Eq. 4: an early miss voids
 every later draft); gamma defaults to the paper's 7 / 5 / 4 for b = 16 / 10 / 8, else (b-1)/2.
-DFlash2 adds `selector_weight` x the selector CE: at row i, over the top-k candidates of the
-draft's own logits, score_c = U_i(c) + <A(y_{i-1}) * H(h_i), B(c)> with the TRUE predecessor
-y_{i-1} (the anchor for i = 1), labelled by the true token's index in the list. Rows whose true
-token is not among the candidates are left out (`candidate_recall` reports how often that is), the
-same position weights apply, and U is held fixed in this term (our choice: the unary logits are
-the block CE's job; the selector term moves the codebooks, the projection and, through h, the
-backbone).
+DFlash2 adds `selector_weight` x the selector CE over the top-k candidates of the draft's own
+logits, score_c = U_i(c) + <A(y_{i-1}) * H(h_i), B(c)> with the TRUE predecessor y_{i-1} (the
+anchor for i = 1), with the same position weights; rows whose true token is not a candidate are
+left out (`candidate_recall`), and U is held fixed in this term (our choice: the unary logits are
+the block CE's job).
 
     loss_fn = make_loss(target, cfg)
     params, _ = fit(loss_fn, init_params(target, cfg, key), batches, steps=n,
@@ -68,10 +66,11 @@ def block_rows(anchor_BA, b: int) -> Rows:
   return Rows(flat(anchor_BAb + off_BAb), flat(anchor_BAb), flat(block_BAb), flat(off_BAb))
 
 
-def _ce(logits_XV, label_X):
-  logits_XV = logits_XV.astype(jnp.float32)
-  picked = jnp.take_along_axis(logits_XV, label_X[..., None], -1)[..., 0]
-  return jax.nn.logsumexp(logits_XV, -1) - picked
+def _ce(logits_V, label):
+  """Cross-entropy over the last axis; any leading axes."""
+  logits_V = logits_V.astype(jnp.float32)
+  picked = jnp.take_along_axis(logits_V, label[..., None], -1)[..., 0]
+  return jax.nn.logsumexp(logits_V, -1) - picked
 
 
 def make_loss(

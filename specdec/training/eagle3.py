@@ -71,17 +71,17 @@ def make_loss(target_model, cfg: Eagle3TrainConfig):
       "draft_ids": ids_Vd,
     }
 
-    def depth_term(out_ND, teacher_NV, valid_N):
-      logits_NVd = drafter.draft_logits(weights, out_ND)
-      target_N = jnp.argmax(teacher_NV, -1)
-      p_NVd = jax.nn.softmax(teacher_NV[..., ids_Vd])
-      ce_N = -jnp.sum(p_NVd * jax.nn.log_softmax(logits_NVd), -1)
-      agree_N = ids_Vd[jnp.argmax(logits_NVd, -1)] == target_N
+    def depth_term(out_D, teacher_V, valid):
+      logits_Vd = drafter.draft_logits(weights, out_D)
+      label = jnp.argmax(teacher_V, -1)
+      p_Vd = jax.nn.softmax(teacher_V[..., ids_Vd])
+      ce = -jnp.sum(p_Vd * jax.nn.log_softmax(logits_Vd), -1)
+      agree = ids_Vd[jnp.argmax(logits_Vd, -1)] == label
       metrics = {
-        "agree": masked_mean(agree_N, valid_N),  # over all positions: the draft's hit rate
-        "in_vocab": masked_mean(in_vocab_V[target_N], valid_N),
+        "agree": masked_mean(agree, valid),  # over all positions: the draft's hit rate
+        "in_vocab": masked_mean(in_vocab_V[label], valid),
       }
-      return masked_mean(ce_N, valid_N & in_vocab_V[target_N]), metrics
+      return masked_mean(ce, valid & in_vocab_V[label]), metrics
 
     teacher_BTV = jax.lax.stop_gradient(out.logits)
     h_BTD = drafter.features(weights, out)

@@ -49,13 +49,13 @@ def frozen_params(target_model) -> dict:
   return {"target": target_model.params}
 
 
-def distill_ce(logits_NV, teacher_NV, soft: bool):
+def distill_ce(logits_V, teacher_V, soft: bool):
   """Per-position CE of the student to the teacher's distribution (soft) or argmax (hard)."""
-  logq_NV = jax.nn.log_softmax(logits_NV)
+  logq_V = jax.nn.log_softmax(logits_V)
   if soft:
-    return -jnp.sum(jax.nn.softmax(teacher_NV) * logq_NV, -1)
-  labels_N = jnp.argmax(teacher_NV, -1)
-  return -jnp.take_along_axis(logq_NV, labels_N[..., None], -1)[..., 0]
+    return -jnp.sum(jax.nn.softmax(teacher_V) * logq_V, -1)
+  labels = jnp.argmax(teacher_V, -1)
+  return -jnp.take_along_axis(logq_V, labels[..., None], -1)[..., 0]
 
 
 def masked_mean(x, mask):
@@ -102,11 +102,11 @@ def make_loss(target_model, cfg: MTPTrainConfig):
       "target": mtp_lib.shared_target_params(frozen["target"]),
     }
 
-    def depth_term(out_ND, teacher_NV, valid_N):
-      logits_NV = drafter.logits(weights, out_ND)
-      ce_N = distill_ce(logits_NV, teacher_NV, cfg.soft)
-      agree_N = jnp.argmax(logits_NV, -1) == jnp.argmax(teacher_NV, -1)
-      return masked_mean(ce_N, valid_N), {"agree": masked_mean(agree_N, valid_N)}
+    def depth_term(out_D, teacher_V, valid):
+      logits_V = drafter.logits(weights, out_D)
+      ce = distill_ce(logits_V, teacher_V, cfg.soft)
+      agree = jnp.argmax(logits_V, -1) == jnp.argmax(teacher_V, -1)
+      return masked_mean(ce, valid), {"agree": masked_mean(agree, valid)}
 
     teacher_BTV = jax.lax.stop_gradient(out.logits)
     h_BTD = drafter.features(weights, out)

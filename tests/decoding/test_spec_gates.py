@@ -95,10 +95,10 @@ class Corrupted(DraftLM):
 
   def propose(self, params, state, ctx, k, sampling, key):
     key, sub = jax.random.split(key)
-    draft_BK, q, state = super().propose(params, state, ctx, k, sampling, key)
-    keep_BK = jax.random.uniform(sub, draft_BK.shape) < self.rate
-    wrong_BK = (draft_BK + 1) % self.model.config.vocab_size
-    return jnp.where(keep_BK, draft_BK, wrong_BK), q, state
+    draft_BJ, q, state = super().propose(params, state, ctx, k, sampling, key)
+    keep_BJ = jax.random.uniform(sub, draft_BJ.shape) < self.rate
+    wrong_BJ = (draft_BJ + 1) % self.model.config.vocab_size
+    return jnp.where(keep_BJ, draft_BJ, wrong_BJ), q, state
 
 
 @pytest.mark.parametrize("a, k", [(0.5, 2), (0.7, 4), (0.9, 8)])
@@ -218,16 +218,16 @@ def test_negative_control_biased_acceptance_fails(small_vocab, monkeypatch):
   """Accepting drafts with probability sqrt(p) instead of p over-produces draft tokens."""
   from specdec.decoding import step as step_lib
 
-  def biased(key, logits_BKV, draft_BK, q, s, mode):
-    B, k = draft_BK.shape
-    p_BKV = S.probs(logits_BKV, s)
-    p_draft_BK = jnp.take_along_axis(p_BKV[:, :k], draft_BK[..., None], -1)[..., 0]
+  def biased(key, logits_BTV, draft_BJ, q, s, mode):
+    B, k = draft_BJ.shape
+    p_BTV = S.probs(logits_BTV, s)
+    p_draft_BJ = jnp.take_along_axis(p_BTV[:, :k], draft_BJ[..., None], -1)[..., 0]
     key_u, key_s = jax.random.split(key)
-    ok_BK = jax.random.uniform(key_u, (B, k)) < jnp.sqrt(p_draft_BK)
-    n_acc_B = jnp.sum(jnp.cumprod(ok_BK, -1), -1).astype(jnp.int32)
-    token_B = S.sample(key_s, p_BKV[jnp.arange(B), n_acc_B])
-    out_BK1 = jnp.concatenate([draft_BK, jnp.zeros((B, 1), jnp.int32)], -1)
-    return n_acc_B, out_BK1.at[jnp.arange(B), n_acc_B].set(token_B)
+    ok_BJ = jax.random.uniform(key_u, (B, k)) < jnp.sqrt(p_draft_BJ)
+    n_acc_B = jnp.sum(jnp.cumprod(ok_BJ, -1), -1).astype(jnp.int32)
+    token_B = S.sample(key_s, p_BTV[jnp.arange(B), n_acc_B])
+    out_BT = jnp.concatenate([draft_BJ, jnp.zeros((B, 1), jnp.int32)], -1)
+    return n_acc_B, out_BT.at[jnp.arange(B), n_acc_B].set(token_B)
 
   monkeypatch.setattr(step_lib, "accept", biased)
   target, draft = small_vocab

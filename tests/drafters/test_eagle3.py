@@ -111,10 +111,10 @@ def test_trained_head_drafts_the_continuation(target, head):
 
 
 def test_fullq_q_lives_on_the_draft_vocabulary(target, head, draft_ids):
-  d_BK, q_BKV = check_sampled_q(target, head)
+  d_BJ, q_BJV = check_sampled_q(target, head)
   outside = np.setdiff1d(np.arange(64), draft_ids)
-  assert np.all(q_BKV[..., outside] == 0)
-  assert np.isin(d_BK, draft_ids).all()
+  assert np.all(q_BJV[..., outside] == 0)
+  assert np.isin(d_BJ, draft_ids).all()
 
 
 def test_export_round_trip(target, head, tmp_path):

@@ -114,8 +114,8 @@ def start(target, drafter, prompts, k, pad=0):
 
 def drafts(drafter, st, k):
   ctx = Context(st.tokens, st.lengths)
-  d_BK, _, _ = propose_jit(drafter, drafter.params, st.draft, ctx, k, Sampling(), jax.random.key(1))
-  return np.asarray(d_BK)
+  d_BJ, _, _ = propose_jit(drafter, drafter.params, st.draft, ctx, k, Sampling(), jax.random.key(1))
+  return np.asarray(d_BJ)
 
 
 def check_padding_ignored(target, drafter, k=4):
@@ -128,16 +128,16 @@ def check_padding_ignored(target, drafter, k=4):
 
 def check_sampled_q(target, drafter):
   """One temperature-1 proposal of 4 drafts for the toy prompts: its q is a distribution over the
-  whole vocabulary at every draft. Returns the drafts d_BK and q_BKV."""
+  whole vocabulary at every draft. Returns the drafts d_BJ and q_BJV."""
   st, _ = start(target, drafter, toy_prompts(), k=4)
   ctx = Context(st.tokens, st.lengths)
-  d_BK, q_BKV, _ = propose_jit(
+  d_BJ, q_BJV, _ = propose_jit(
     drafter, drafter.params, st.draft, ctx, 4, Sampling(1.0), jax.random.key(2)
   )
-  q_BKV = np.asarray(q_BKV)
-  assert q_BKV.shape == (3, 4, 64)
-  np.testing.assert_allclose(q_BKV.sum(-1), 1.0, atol=1e-5)
-  return np.asarray(d_BK), q_BKV
+  q_BJV = np.asarray(q_BJV)
+  assert q_BJV.shape == (3, 4, 64)
+  np.testing.assert_allclose(q_BJV.sum(-1), 1.0, atol=1e-5)
+  return np.asarray(d_BJ), q_BJV
 
 
 def check_rollback(target, drafter, k=4, n_steps=2):
@@ -261,8 +261,8 @@ def test_shares_the_targets_embedding_and_head(target, qwen_head):
 
 
 def test_fullq_drafts_are_samples_of_q(target, qwen_head):
-  d_BK, q_BKV = check_sampled_q(target, qwen_head)
-  assert np.all(np.take_along_axis(q_BKV, d_BK[..., None], -1) > 0)
+  d_BJ, q_BJV = check_sampled_q(target, qwen_head)
+  assert np.all(np.take_along_axis(q_BJV, d_BJ[..., None], -1) > 0)
 
 
 # --- Layouts ----------------------------------------------------------------------------------
