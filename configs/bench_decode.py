@@ -93,8 +93,7 @@ def get_config(preset: str = ""):
     )
   )
   # Decode arms (XLA_FLAGS, fuse q/k/v and gate/up[, attention path "auto" | "xla"]), a process
-  # per leg and arm, interleaved. Session 3 asked what fused projections and XLA's GEMM choices
-  # save (docs/benchmarks.md); now: the attention kernel against XLA's einsum, same flags.
+  # per leg and arm, interleaved; by default the attention kernel against XLA's einsum.
   c.flags = ml_collections.ConfigDict(
     dict(
       shape="qwen3_8b",

@@ -4,25 +4,14 @@ and % of the HBM roofline per (shape, format, B, context); verify width; attenti
 buffers; decode under arms of XLA_FLAGS, fused projections and attention path (kernel or XLA),
 legs interleaved; cold and cached compile; the decode step's kernels from a profiler trace. Models
 decode with fused q/k/v and gate/up unless --config.fuse=False. Prints Markdown tables; one JSON
-row per cell in --out/results.jsonl.
+row per cell in --out/results.jsonl. The benchmark's modules: specdec/bench/decode.py.
 
-  python -m experiments.bench_decode --config=configs/decode.py --out=runs/bench_decode
+  python -m experiments.bench_decode --config=configs/bench_decode.py --out=runs/bench_decode
 
-On the H200 (the GPU python3 lacks ml_collections; the parent must not preallocate, or the
-subprocess parts find no memory). The 2026-11-30 figures in docs/benchmarks.md came from three
-runs of this, the parts in priority order under a wall-clock budget (--config.budget_s; cells past
-it are recorded as skipped):
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:. && \
-  XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m experiments.bench_decode \
-    --config=configs/decode.py --out=$OUT --config.budget_s=200 \
-    --config.parts="('copy','decode.bf16','decode.nvfp4','compile','loop')"
-  ... --config.budget_s=110 --config.parts="('copy','loop','attention','compile')" \
-    --config.attention.widths="(1,4,16)" --config.attention.impls="('xla','cudnn','cudnn_seqlen')"
-  ... --config.parts="('compile',)"
-Session 3's runs (profile, flags, fused decode rows, verify) are listed in docs/benchmarks.md.
-The whole default config needs well over 10 minutes of H200 time (compiles dominate: ~8-11 s per
-8B-shape executable, ~17-19 s per 27B-shape one).
+On a GPU the parent must not preallocate (XLA_PYTHON_CLIENT_PREALLOCATE=false), or the subprocess
+parts find no memory. The whole default config takes well over 10 minutes of H200 time (compiles
+dominate), so runs list the parts in priority order under a wall-clock budget (--config.budget_s;
+cells past it are recorded as skipped). Each figure's command: docs/benchmarks.md.
 """
 
 from pathlib import Path
@@ -31,9 +20,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from specdec import xla_env
-from specdec.bench import decode
+from specdec.bench import decode, decode_config, decode_report
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/decode.py")
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/bench_decode.py")
 _OUT = flags.DEFINE_string("out", "runs/bench_decode", "directory for results.jsonl and HLO dumps")
 
 
@@ -41,9 +30,9 @@ def main(argv):
   del argv
   xla_env.apply_defaults()
   cfg = _CONFIG.value
-  decode.validate(cfg)
+  decode_config.validate(cfg)
   rows = decode.Runner(cfg, _OUT.value).run()
-  table = decode.markdown(rows)
+  table = decode_report.markdown(rows)
   Path(_OUT.value, "table.md").write_text(table + "\n")
   print(table)
 
