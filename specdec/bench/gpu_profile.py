@@ -1,6 +1,6 @@
 """Where a jitted call's device time goes: kernel durations from a JAX profiler trace.
 
-A decode step that runs at 60% of the HBM roofline loses the rest either inside kernels (a GEMM
+A decode step that runs below the HBM roofline loses the rest either inside kernels (a GEMM
 below bandwidth) or between them (launch gaps, small kernels that each cost a few microseconds).
 `trace_kernels` records every device kernel of some calls; `summarize` groups them by kernel name
 and by HLO op stem (the op name without its numeric suffix, so one row covers that op in every

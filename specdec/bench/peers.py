@@ -8,13 +8,13 @@ Two parts (issue 9, item 4):
   generation (the zoo draft LM as `assistant_model`) and HF prompt lookup against specdec's
   draft_lm and ngram drafters, each beside its framework's plain greedy decode.
 
-Measurement (DESIGN 7): the arms of a part run interleaved (every arm's leg 0, then every arm's
-leg 1, ...); request 0 of each leg is the warm-up and is left out of every timing; rows carry both
-rate conventions (specdec.metrics), tables the spread between legs. The greedy gate runs in the same
-run: specdec's speculative outputs must be token-identical to its same-shape baseline (see
-ZOO_ARMS), HF's to HF's plain greedy decode. How far each arm agrees with specdec's plain greedy
-tokens is reported, not gated: two frameworks round bf16 differently, and random weights put argmax
-near-ties everywhere.
+Measurement (docs/design.md, "Measurement conventions"): the arms of a part run interleaved (every
+arm's leg 0, then every arm's leg 1, ...); request 0 of each leg is the warm-up and is left out of
+every timing; rows carry both rate conventions (specdec.metrics), tables the spread between legs.
+The greedy gate runs in the same run: specdec's speculative outputs must be token-identical to its
+same-shape baseline (see ZOO_ARMS), HF's to HF's plain greedy decode. How far each arm agrees with
+specdec's plain greedy tokens is reported, not gated: two frameworks round bf16 differently, and
+random weights put argmax near-ties everywhere.
 
 transformers runs in a worker process (`peers_torch.py`, see its docstring for why and for
 how both sides get the same random weights without moving them). The worker's host clock times its
@@ -72,7 +72,7 @@ class Arm:
 
 
 SHAPE_ARMS = (Arm("null"), Arm("hf_static"))
-# specdec's drafters are gated against the same-shape baseline (DESIGN 2: the null drafter at
+# specdec's drafters are gated against the same-shape baseline (docs/design.md, "The step": at
 # verify width k+1, every draft rejected): in bf16 a width-(k+1) verify rounds differently from a
 # width-1 decode step and flips argmax near-ties, so identity with plain greedy decoding (the
 # "identical to specdec greedy" column) is reported beside the gate rather than being it.

@@ -1,8 +1,8 @@
 """Timing of the step and its parts, each inside one jitted on-device loop.
 
 Every figure is a slope: (time of a loop of 2n iterations - time of a loop of n) / n, medians over
-repetitions. Whatever a call pays once cancels: host dispatch (~60 us on a GPU), the copy of a
-state the timing loop does not donate, the prefill that builds the step's fresh state.
+repetitions. Whatever a call pays once cancels: host dispatch, the copy of a state the timing loop
+does not donate, the prefill that builds the step's fresh state.
   step           decode_chunk: the whole draft -> verify -> accept -> commit
   draft          the drafter's propose alone
   verify         the target forward over k+1 positions alone
