@@ -5,7 +5,8 @@ start), its own SPECDEC_ATTENTION and its own compilation caches. The parent sta
 `python -m specdec.bench.decode_child SPEC`, SPEC being JSON {"kind": ..., "kwargs": {...}}; the
 child runs CHILDREN[kind](**kwargs) and prints one line, RESULT_TAG + the result as JSON. Anything
 else it prints is ignored; a non-zero exit or no result line raises in the parent, with the
-child's stderr.
+child's stderr. The child is an entry point: it applies specdec's default XLA flags
+(`xla_env.apply_defaults`) to the arm's, as each row's `xla_flags` records.
 """
 
 import json
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 
+from specdec import xla_env
 from specdec.bench.decode_cells import compile_time, decode_child, loop_overhead
 
 RESULT_TAG = "BENCH_DECODE_RESULT "
@@ -51,4 +53,5 @@ def _child_main(spec_json: str) -> None:
 
 
 if __name__ == "__main__":
+  xla_env.apply_defaults()
   _child_main(sys.argv[1])
