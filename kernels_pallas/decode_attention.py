@@ -2,53 +2,28 @@
 
 o[b, t, n] = softmax_s(q[b, t, n] . k[b, s, n // G] / sqrt(H) over s <= positions[b, t]) . v[...]
 for q [B, T, N, H] and a static cache k, v [B, S, K, H] (specdec.ops.attention.attend's
-contract), with T x G <= 128 query rows per kv head.
-
-Why a kernel. XLA runs this as ~7 launches (q.K GEMM, mask select, softmax max and sum, convert,
-p.V GEMM, transpose) that cost ~12.5 us per layer on the Qwen3-8B shape at 1k context for 4 MB of
-K/V (docs/benchmarks.md): about 0.45 ms of a 4.7 ms decode step.
+contract), with T x G <= 128 query rows per kv head. Why a kernel: XLA runs this as ~7 launches
+(q.K GEMM, mask select, softmax max and sum, convert, p.V GEMM, transpose) per layer.
 
 Structure (flash-decoding). The T x G queries that share kv head h are one block of R = 64 (or 128)
 rows, r = t G + g (q is rearranged and zero-padded by XLA, a fusion with the RoPE that makes it).
 The cache slots are split into `splits` ranges of whole `block_s` blocks; one CTA (one warpgroup)
 per (kv head, range, batch row) streams its K and V blocks through a TMA pipeline and keeps the
 online-softmax state in registers: scores = Q K^T by wgmma (f32), masked to slots in [its range
-start, positions[b, t]], scaled by log2(e) / sqrt(H), exponentiated with exp2 against the running
-row max, and P V by wgmma with P in bf16 from registers. It writes its unnormalized rows
-o [TG, H] (f32) and the row max m and sum l; `combine` (one XLA fusion) weighs the ranges by
-exp2(m - max m) and normalizes. When the ranges do not divide the blocks, the last range is
-pulled back to end at S and its overlap with the previous range is masked, so the pipeline's trip
-count stays static.
+start, positions[b, t]], scaled by log2(e) / sqrt(H), exp2 against the running row max, and P V by
+wgmma with P in bf16 from registers. It writes unnormalized rows o [TG, H] (f32) and the row max m
+and sum l; `combine` (one XLA fusion) weighs the ranges by exp2(m - max m) and normalizes. Ranges
+that do not divide the blocks pull the last one back to end at S, its overlap masked.
 
-FP8 caches (E4M3 codes, read as code x k_scale / v_scale). The K/V blocks stream as codes, half
-the bytes of bf16, and each is widened in SMEM (E4M3 -> f16 -> bf16, exact; sm_90 has no direct
-conversion) before the two wgmma; k_scale joins the f32 score scale and v_scale the combine, so
-no widened copy of the cache is ever written. Before, the model widened the whole cache in an
-XLA fusion every step ahead of the kernel (read 1 byte, write 2, read 2 per element). Measured
-on the H200 (docs/benchmarks.md, session 7): the 8B bf16 step with an FP8 cache at 8k went from
-5984 / 5978 to 5110 / 5117 us at B = 1 and 12981 / 12999 to 7095 / 7065 us at B = 8 (two legs).
-head_dim 256 with 128 query rows exceeds SMEM and keeps the widen-first path (`code_smem_bytes`).
-
-Exactness. A row's numbers depend on its own query, its position, the cache and the split plan
-(`default_config`: from B, K, S and T x G), not on the other rows. Against `attend` (f32 scores,
-normalized P cast to bf16 before P V) the difference is the bf16 rounding of the unnormalized P
-and the f32 summation order: relative error ~2e-3 against an f32 reference, as `attend`'s own.
-
-Measured (H200, 2026-11-30, docs/benchmarks.md session 5): per layer-call on the Qwen3-8B shape
-(wall clock, launch gaps included) 10.9 / 9.5 / 13.9 us at 1k context for 1 / 4 / 16 queries
-(XLA's einsum 12.2 / 20.0 / 20.3, cuDNN 11.6 / 30.8 / 30.5) and 19.7 / 19.7 / 20.2 us at 8k (XLA
-24.0 / 27.8 / 44.7); B = 8 at 8k reads K/V at 4.14 TB/s. In the bf16 decode step it saves 0.7-3.0%
-at B = 1 and 6-18% at B = 8 (8k: 8290 -> 6804 us, 86% of the roofline), up to 19% with NVFP4
-weights. At B = 1 and 1k the kernel is latency (4 MB per layer over 64 CTAs of two blocks each):
-~4.9 us in the step.
-
-Testing without a GPU. The Pallas GPU interpreter has no wgmma, so on a CPU the tests check the
-lowering for the cuda platform (the Mosaic GPU dialect lowering runs there), the plan, and
-`combine` over `reference_partials` (the same ranges and masks in jnp) against `attend`; `-m gpu`
-tests run the kernel against `reference_partials` and `attend`.
+FP8 caches (E4M3 codes, read as code x k_scale / v_scale) stream as codes, half the bytes; each
+block is widened in SMEM (E4M3 -> f16 -> bf16, exact) before the two wgmma, k_scale joins the
+score scale and v_scale the combine, so no widened copy of the cache is written. head_dim 256 with
+128 query rows exceeds SMEM (`code_smem_bytes`). Exactness: a row depends on its own query, its
+position, the cache and the split plan, not on other rows; against `attend` ~2e-3 relative.
+Testing without a GPU: the lowering for cuda, the plan, and `combine` over `reference_partials`
+(the kernel's ranges and masks in jnp) against `attend`. Figures: docs/benchmarks.md.
 """
 
-import argparse
 import dataclasses
 import functools
 import math
@@ -59,12 +34,14 @@ import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 
+from kernels_pallas.bench_util import call_times_us
+from kernels_pallas.h200 import NUM_SMS, SMEM_BYTES
+
 ROW_TILE = 64  # wgmma M
 LOG2E = math.log2(math.e)
 MASKED = -1e30  # finite: a range with no visible slot gets weight exp2(MASKED - max) = 0, no NaN
-TARGET_CTAS = 264  # two per SM on the H200's 132 SMs
+TARGET_CTAS = 2 * NUM_SMS  # two per SM
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-SMEM_BYTES = 227 * 1024  # per CTA on Hopper
 FP8 = jnp.dtype(jnp.float8_e4m3fn)  # the KV cache's 8-bit dtype (specdec.models.transformer)
 
 
@@ -106,9 +83,9 @@ class Plan:
 
 def default_config(batch: int, kv_heads: int, slots: int, rows: int) -> TuningConfig:
   """64-slot blocks; as many ranges as keep the grid within one wave of two CTAs per SM (a partial
-  second wave measured slower: B = 8 at 8k, 4 ranges 64.9 us, 5 ranges 85.7), but at least two
-  blocks per range (one-block CTAs are all latency) and no more than S / (8 T G) ranges, above
-  which the f32 partials cost more than the parallelism buys. H200 sweep: docs/benchmarks.md."""
+  second wave measured slower), but at least two blocks per range (one-block CTAs are all latency)
+  and no more than S / (8 T G) ranges, above which the f32 partials cost more than the parallelism
+  buys. H200 sweep: docs/benchmarks.md."""
   want = max(1, TARGET_CTAS // (batch * kv_heads))
   return TuningConfig(block_s=64, splits=max(1, min(want, slots // 128, slots // (8 * rows))))
 
@@ -355,7 +332,7 @@ def decode_attention(
 
 
 # ------------------------------------------------------------------------------------------------
-# Benchmark: `python3 -m kernels_pallas.decode_attention` on the GPU.
+# Benchmark: `python -m experiments.bench_kernel --kernel=attention` on the GPU.
 
 
 def _chain(op):
@@ -363,12 +340,10 @@ def _chain(op):
   return jax.jit(lambda q, ks, vs, pos: [op(q, k, v, pos) for k, v in zip(ks, vs, strict=True)])
 
 
-def bench_case(B, S, T, K, G, H, configs, layers: int, iterations: int) -> None:
+def bench_case(attend_xla, B, S, T, K, G, H, configs, layers: int, iterations: int) -> None:
   """Prints CUPTI kernel time per layer-call (XLA's fusions around the kernel included) of the
-  kernel at each config and of `attend_xla`, and the kernel's error against f32 `attend_xla`."""
-  from kernels_pallas.nvfp4_gemv import call_times_us
-  from specdec.ops.attention import attend_xla
-
+  kernel at each config and of `attend_xla` (XLA's attention, the baseline: the caller's, so this
+  file needs no specdec.ops), and the kernel's error against f32 `attend_xla`."""
   keys = jax.random.split(jax.random.key(B * S + T), 3)
   q = jax.random.normal(keys[0], (B, T, K * G, H), jnp.bfloat16)
   ks, vs = (
@@ -401,26 +376,24 @@ def bench_case(B, S, T, K, G, H, configs, layers: int, iterations: int) -> None:
     )
 
 
-def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--shape", default="8,4,128", help="K,G,H: kv heads, groups, head dim")
-  p.add_argument("--batches", default="1,8")
-  p.add_argument("--widths", default="1,5,16")
-  p.add_argument("--slots", default="1024,8192")
-  p.add_argument("--layers", type=int, default=16, help="caches cycled so K/V come from HBM")
-  p.add_argument("--configs", default="", help="block_s/splits/stages list (default: heuristic)")
-  p.add_argument("--iterations", type=int, default=5)
-  args = p.parse_args(argv)
-  K, G, H = map(int, args.shape.split(","))
-  configs = [None] + [TuningConfig(*map(int, c.split("/"))) for c in args.configs.split(",") if c]
-  from kernels_pallas.nvfp4_gemv import bench_start
-
-  bench_start()
-  for b in args.batches.split(","):
-    for s in args.slots.split(","):
-      for t in args.widths.split(","):
-        bench_case(int(b), int(s), int(t), K, G, H, configs, args.layers, args.iterations)
-
-
-if __name__ == "__main__":
-  main()
+def main(
+  attend_xla,
+  *,
+  shape=(8, 4, 128),
+  batches=(1, 8),
+  widths=(1, 5, 16),
+  slots=(1024, 8192),
+  layers: int = 16,
+  configs=(),
+  iterations: int = 5,
+) -> None:
+  """The kernel against `attend_xla` for every batch x slots x width, shape = (kv heads, groups,
+  head dim), the heuristic's config and each of `configs` ((block_s, splits, stages) tuples);
+  `layers` caches cycled so K/V come from HBM. Run by experiments/bench_kernel.py
+  --kernel=attention."""
+  K, G, H = shape
+  configs = [None] + [TuningConfig(*c) for c in configs]
+  for b in batches:
+    for s in slots:
+      for t in widths:
+        bench_case(attend_xla, b, s, t, K, G, H, configs, layers, iterations)

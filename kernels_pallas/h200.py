@@ -6,3 +6,4 @@ COPY_CEILING_TBS is measured, not the spec sheet's 4.8 TB/s: a device-to-device 
 
 NUM_SMS = 132
 COPY_CEILING_TBS = 4.24
+SMEM_BYTES = 227 * 1024  # the most shared memory one CTA may take (Hopper)

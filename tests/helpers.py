@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels_pallas.nvfp4_gemv import rel_err
+from kernels_pallas.bench_util import rel_err
 from specdec.checkpoint.safetensors_io import read_tensors
 from specdec.model import Model
 from specdec.models.config import from_hf_dict

@@ -3,7 +3,7 @@ run the very text the kernels inline)."""
 
 import numpy as np
 
-from kernels_pallas import nvfp4_gemv as nv
+from kernels_pallas import gemv_common as gemv
 
 
 def run_ptx(ptx: str, n_out: int, *inputs) -> list[np.ndarray]:
@@ -34,9 +34,9 @@ def run_ptx(ptx: str, n_out: int, *inputs) -> list[np.ndarray]:
       env[dst] = out
     elif op == "mul.rn.bf16x2":
       halves = [
-        nv._f32_to_bf16_bits(
-          nv._bf16_bits_to_f32((a[0] >> np.uint32(s)) & np.uint32(0xFFFF))
-          * nv._bf16_bits_to_f32((a[1] >> np.uint32(s)) & np.uint32(0xFFFF))
+        gemv.f32_to_bf16_bits(
+          gemv.bf16_bits_to_f32((a[0] >> np.uint32(s)) & np.uint32(0xFFFF))
+          * gemv.bf16_bits_to_f32((a[1] >> np.uint32(s)) & np.uint32(0xFFFF))
         )
         for s in (0, 16)
       ]

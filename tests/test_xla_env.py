@@ -84,15 +84,19 @@ def test_every_experiment_main_that_runs_jax_applies_them_first():
 
 
 def test_kernel_benchmarks_run_their_chains_without_concurrent_regions():
-  # The kernel modules must not start a backend on import, so their mains can still turn the
-  # concurrent regions off (nvfp4_gemv.bench_start); a started backend makes it refuse.
+  # The kernel modules (and the benchmark entry point) must not start a backend on import, so
+  # experiments/bench_kernel.py can still turn the concurrent regions off before the kernel's
+  # benchmark runs (here a stand-in that prints the flags); a started backend makes it refuse.
   code = (
     "import os\n"
+    "from absl import flags\n"
     "from jax._src import xla_bridge\n"
     "from kernels_pallas import decode_attention, exl3_gemv, fp8_gemv, nvfp4_gemv\n"
+    "from experiments import bench_kernel\n"
     "assert not xla_bridge.backends_are_initialized()\n"
-    "nvfp4_gemv.bench_start()\n"
-    "print(os.environ['XLA_FLAGS'])\n"
+    "nvfp4_gemv.main = lambda **kw: print(os.environ['XLA_FLAGS'])\n"
+    "flags.FLAGS(['bench_kernel', '--kernel=nvfp4'])\n"
+    "bench_kernel.main([])\n"
     "from specdec import xla_env\n"
     "os.environ['XLA_FLAGS'] = ''\n"
     "try:\n"

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from specdec.quant import exl3, fp8, nvfp4
+from specdec.quant.base import QuantizedWeight
 
 FORMATS = ("nvfp4", "fp8", "exl3_2", "exl3_3", "exl3_4", "exl3_5", "exl3_6", "exl3_8")
 
@@ -33,8 +34,6 @@ def quantize_model(model, fmt: str, exclude: tuple[str, ...] = ("lm_head",), see
 
 def dequantized_twin(model):
   """The same model with every quantized kernel expanded to a dense array in the model's dtype."""
-  from specdec.ops.qmatmul import QuantizedWeight
-
   def expand(w):
     return w.dequantize(model.dtype) if isinstance(w, QuantizedWeight) else w
 

@@ -37,15 +37,6 @@ class FP8Weight:
   def dequantize(self, dtype=jnp.bfloat16) -> jax.Array:
     return _dequantize(self, jnp.dtype(dtype))
 
-  def matmul(self, x_MK: jax.Array) -> jax.Array:
-    if jax.default_backend() == "gpu" and x_MK.dtype == jnp.bfloat16 and self.codes_NK.ndim == 2:
-      # Imported here: CPU runs never need Pallas. Unsupported shapes fall back to XLA inside.
-      from kernels_pallas.fp8_gemv import fp8_matmul
-
-      y_MN = fp8_matmul(x_MK.reshape(-1, x_MK.shape[-1]), self)
-      return y_MN.reshape(*x_MK.shape[:-1], y_MN.shape[-1])
-    return jnp.einsum("...k,kn->...n", x_MK, self.dequantize(x_MK.dtype))
-
   def columns(self, start: int, stop: int) -> "FP8Weight":
     """Output columns [start, stop): one shard of a fused projection."""
     return FP8Weight(self.codes_NK[..., start:stop, :], self.scale_N[..., start:stop])
@@ -57,6 +48,17 @@ def _dequantize(w: FP8Weight, dtype) -> jax.Array:
   # rounding to `dtype` equals the tools' arithmetic in that 16-bit dtype (f32 scales: identical).
   w_NK = jnp.asarray(w.codes_NK).astype(jnp.float32) * jnp.asarray(w.scale_N)[..., None]
   return jnp.swapaxes(w_NK, -1, -2).astype(dtype)
+
+
+def random_weight(key, k: int, n: int, copies: int = 1) -> FP8Weight:
+  """Uniformly random non-NaN codes (every exponent, subnormals included), column scales in
+  [2^-10, 2^-8] so outputs of unit-variance x stay near 1. For kernel tests and benchmarks."""
+  k1, k2 = jax.random.split(key)
+  lead = (copies,) if copies > 1 else ()
+  bits = jax.random.bits(k1, (*lead, n, k), jnp.uint8)
+  bits = jnp.where((bits & 0x7F) == 0x7F, bits ^ 1, bits)  # 0x7F / 0xFF are E4M3 NaN
+  scale = jnp.exp2(jax.random.uniform(k2, (*lead, n), minval=-10, maxval=-8))
+  return FP8Weight(jax.lax.bitcast_convert_type(bits, jnp.float8_e4m3fn), scale)
 
 
 def concat_columns(shards: list[FP8Weight]) -> FP8Weight:

@@ -8,9 +8,8 @@ the K-contiguous "weight as the A operand" layout a swap-AB GEMV/GEMM reads. On 
 zero-copy. On a GPU (`for_device`, applied by `specdec.load` and `quantize_model`) the codes are
 kept in the kernel's bit order (`bit_order="kernel"`, see `PAIR_SHIFTS`): the same bytes with the
 bits of each 32-bit word of 8 codes permuted once, so that kernels_pallas/nvfp4_gemv decodes a word
-in 11 integer operations instead of 15 (measured 2-8% faster kernels over two runs, 8-12% faster
-NVFP4 decode steps: docs/benchmarks.md). Every operation here reads either order; checkpoints are
-always written in the checkpoint's.
+in 11 integer operations instead of 15 (the gain: docs/benchmarks.md). Every operation here reads
+either order; checkpoints are always written in the checkpoint's.
 
 The global scale keeps the orientation the checkpoint stored (`global_divides`): ModelOpt's
 `weight_scale_2` multiplies, compressed-tensors' `weight_global_scale` divides. Flipping it costs
@@ -93,15 +92,6 @@ class NVFP4Weight:
   def dequantize(self, dtype=jnp.bfloat16) -> jax.Array:
     return _dequantize(self, jnp.dtype(dtype))
 
-  def matmul(self, x_MK: jax.Array) -> jax.Array:
-    if jax.default_backend() == "gpu" and x_MK.dtype == jnp.bfloat16 and self.packed_NP.ndim == 2:
-      # Imported here: CPU runs never need Pallas. Unsupported shapes fall back to XLA inside.
-      from kernels_pallas.nvfp4_gemv import nvfp4_matmul
-
-      y_MN = nvfp4_matmul(x_MK.reshape(-1, x_MK.shape[-1]), self)
-      return y_MN.reshape(*x_MK.shape[:-1], y_MN.shape[-1])
-    return jnp.einsum("...k,kn->...n", x_MK, self.dequantize(x_MK.dtype))
-
   def columns(self, start: int, stop: int) -> "NVFP4Weight":
     """Output columns [start, stop): one shard of a fused projection."""
     return dataclasses.replace(
@@ -117,6 +107,17 @@ class NVFP4Weight:
       return self
     packed_NP = reorder_bits(self.packed_NP, self.bit_order, order)
     return dataclasses.replace(self, packed_NP=packed_NP, bit_order=order)
+
+
+def random_weight(key, k: int, n: int, copies: int = 1) -> NVFP4Weight:
+  """Random codes, E4M3 block scales spread over [2^-6, 2^6], global scale per column (`copies`
+  > 1: that many weights stacked on a leading axis). For kernel tests and benchmarks."""
+  k1, k2, k3 = jax.random.split(key, 3)
+  lead = (copies,) if copies > 1 else ()
+  packed = jax.random.bits(k1, (*lead, n, k // 2), jnp.uint8)
+  scales = jnp.exp2(jax.random.uniform(k2, (*lead, n, k // GROUP), minval=-6, maxval=6))
+  g = jax.random.uniform(k3, (*lead, n), minval=0.5, maxval=2.0)
+  return NVFP4Weight(packed, scales.astype(jnp.float8_e4m3fn), g)
 
 
 def device_order() -> BitOrder:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kernels_pallas import decode_attention as da
-from specdec.models import transformer
+from specdec.ops import attention as attention_ops
 from specdec.ops.attention import attend, attend_xla
 
 # Both paths round P (or its normalized form) to bf16 before P V; against an f32 reference each
@@ -196,7 +196,7 @@ def test_model_attention_dispatch_for_fp8_caches(monkeypatch, takes_codes):
       calls.append((k.dtype, scales))
       return q
 
-  monkeypatch.setattr(transformer, "_attention_kernels", lambda: Kernels)
+  monkeypatch.setattr(attention_ops, "_attention_kernels", lambda: Kernels)
   q, k, v, pos = fp8_inputs(1, 2, 8, 2, 64, 128)
   attend(q, k, v, pos, K_SCALE, V_SCALE)
   assert calls == ([(da.FP8, (K_SCALE, V_SCALE))] if takes_codes else [(q.dtype, ())])

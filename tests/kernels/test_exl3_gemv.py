@@ -17,8 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kernels_pallas import exl3_decode as dec
 from kernels_pallas import exl3_gemv as kern
-from specdec.quant.exl3 import Codebook, EXL3Weight, decode_states
+from kernels_pallas.bench_util import rel_err
+from specdec.quant.exl3 import Codebook, EXL3Weight, decode_states, random_weight
 from specdec.quant.exl3 import codebook as cb
 from specdec.quant.exl3.bitstream import unpack_states
 from specdec.quant.exl3.layout import tiles_to_matrix
@@ -38,7 +40,7 @@ def f16(bits) -> np.ndarray:
 def run_lanes(program, tiles_TW, bits):
   """Every lane of every tile through the program: (register environment, states [T, 256])."""
   u32_TW = np.asarray(tiles_TW).view(np.uint32)
-  idx, offset = kern.lane_words(bits)
+  idx, offset = dec.lane_words(bits)
   envs = []
   for u32_W in u32_TW:
     inputs = [u32_W[idx[:, j]] for j in range(program.n_words)]
@@ -65,7 +67,7 @@ def random_tiles(rng, n, bits):
 @pytest.mark.parametrize("bits", range(1, 9))
 def test_states_match_unpacking_for_every_k(bits):
   tiles = random_tiles(np.random.default_rng(bits), 6, bits)
-  program = kern.decode_program(bits, Codebook.MUL1)
+  program = dec.decode_program(bits, Codebook.MUL1)
   want = np.asarray(unpack_states(jnp.asarray(tiles), bits))
   for env, want_P in zip(run_lanes(program, tiles, bits), want, strict=True):
     got_P = np.stack([env[s] for s in program.states], 1).reshape(-1)  # position 8 lane + e
@@ -76,7 +78,7 @@ def test_states_match_unpacking_for_every_k(bits):
 @pytest.mark.parametrize("bits", [1, 3, 4, 6, 8])
 def test_fragments_round_to_the_fp16_codebook(bits, codebook):
   tiles = random_tiles(np.random.default_rng(10 + bits), 4, bits)
-  program = kern.decode_program(bits, codebook)
+  program = dec.decode_program(bits, codebook)
   want = np.asarray(decode_states(unpack_states(jnp.asarray(tiles), bits), codebook))
   for env, want_P in zip(run_lanes(program, tiles, bits), want, strict=True):
     exact = lane_values(program, env, codebook).reshape(-1)
@@ -86,19 +88,19 @@ def test_fragments_round_to_the_fp16_codebook(bits, codebook):
 
 def test_decode_costs_what_the_docstring_says():
   # mul1: per 8 weights 8 IMUL + 8 DP4A + 4 PRMT packs, and the window extraction.
-  extraction = {b: kern.decode_program(b, Codebook.MUL1).n_ops - 20 for b in range(1, 9)}
+  extraction = {b: dec.decode_program(b, Codebook.MUL1).n_ops - 20 for b in range(1, 9)}
   # The straddle cut makes K = 4's window 1 (11 -> 10) and K = 8's windows 0 and 4 (10 -> 8) one
   # prmt each; no other K has a byte-aligned window across two words.
   assert extraction == {1: 16, 2: 12, 3: 17, 4: 10, 5: 17, 6: 17, 7: 18, 8: 8}
-  assert kern.decode_program(4, Codebook.INST3).n_ops == 10 + 16  # mad + lop3 per weight
-  ops = [op for op, _, _ in kern.decode_program(4, Codebook.MUL1).instrs]
+  assert dec.decode_program(4, Codebook.INST3).n_ops == 10 + 16  # mad + lop3 per weight
+  ops = [op for op, _, _ in dec.decode_program(4, Codebook.MUL1).instrs]
   counts = {op: ops.count(op) for op in ("prmt.b32", "shr.b32", "shf.l.clamp.b32", "and.b32")}
   assert counts == {"prmt.b32": 7, "shr.b32": 3, "shf.l.clamp.b32": 1, "and.b32": 3}
 
 
 def test_lop3_table_is_and_then_xor():
   a, b, c = (np.random.default_rng(i).integers(0, 2**32, 64, dtype=np.uint64) for i in range(3))
-  got = kern._NUMPY_SEMANTICS["lop3.b32"](a, b, c, kern.AND_XOR_LUT)
+  got = dec.NUMPY_SEMANTICS["lop3.b32"](a, b, c, dec.AND_XOR_LUT)
   np.testing.assert_array_equal(got, ((a & b) ^ c).astype(np.uint32))
 
 
@@ -106,7 +108,7 @@ def test_lop3_table_is_and_then_xor():
 def test_inline_ptx_assembles_for_sm90(tmp_path):
   lines = [".version 8.0", ".target sm_90", ".address_size 64"]
   for i, (bits, codebook) in enumerate((b, c) for b in range(1, 9) for c in CODEBOOKS):
-    program = kern.decode_program(bits, codebook)
+    program = dec.decode_program(bits, codebook)
     n_out, n_in = len(program.outputs), len(program.inputs)
     body = program.ptx()
     for r in reversed(range(n_out + n_in)):  # $12 before $1
@@ -139,9 +141,9 @@ def unrounded_inner(w: EXL3Weight) -> np.ndarray:
     byte_sum = sum((h >> np.uint64(s)) & np.uint64(255) for s in range(0, 32, 8))
     vals = (1024 + byte_sum.astype(np.float64)) * kern.MUL1_SCALE + kern.MUL1_BIAS
   else:
-    mult, add = (cb.MCG_MULT, 0) if w.codebook == Codebook.MCG else (cb._INST3_MULT, cb._INST3_ADD)
+    mult, add = (cb.MCG_MULT, 0) if w.codebook == Codebook.MCG else (cb.INST3_MULT, cb.INST3_ADD)
     x = (states * np.uint64(mult) + np.uint64(add)) & np.uint64(0xFFFFFFFF)
-    x = (x & np.uint64(cb._HALF_PAIR_MASK)) ^ np.uint64(cb._HALF_PAIR_XOR)
+    x = (x & np.uint64(cb.HALF_PAIR_MASK)) ^ np.uint64(cb.HALF_PAIR_XOR)
     vals = f16(x & np.uint64(0xFFFF)) + f16(x >> np.uint64(16))
   return tiles_to_matrix(vals)
 
@@ -159,14 +161,14 @@ def unrounded_inner(w: EXL3Weight) -> np.ndarray:
   ],
 )
 def test_emulated_kernel_matches_reference(m, k, n, bits, codebook, config):
-  w = kern.random_weight(jax.random.key(bits), k, n, bits, codebook)
+  w = random_weight(jax.random.key(bits), k, n, bits, codebook)
   xh = jax.random.normal(jax.random.key(m), (m, k), jnp.float32)
   x16 = np.asarray(xh.astype(jnp.float16), np.float64)
   y = kern.emulate(xh, w.trellis, Codebook(codebook), config)
   if codebook == "mul1":  # the kernel's part ends at the slope; XLA adds b * sum(x')
     y = y + kern.MUL1_BIAS * x16.sum(1, keepdims=True)
-  assert kern.nv.rel_err(y, x16 @ unrounded_inner(w)) < 1e-5  # f32 accumulation
-  assert kern.nv.rel_err(y, kern.inner_reference(xh, w)) < INNER_TOL
+  assert rel_err(y, x16 @ unrounded_inner(w)) < 1e-5  # f32 accumulation
+  assert rel_err(y, kern.inner_reference(xh, w)) < INNER_TOL
 
 
 def test_x_fragments_put_each_lanes_values_together():
@@ -187,10 +189,8 @@ def test_x_fragments_put_each_lanes_values_together():
   ],
 )
 def test_kernel_lowers_for_cuda_on_cpu(m, k, n, bits, codebook, config):
-  w = jax.eval_shape(lambda: kern.random_weight(jax.random.key(0), k, n, bits, codebook))
-  check_lowers_to_mosaic_gpu(
-    lambda x, w: kern.exl3_matmul(x, w, config=config, implementation="mosaic"), w, m, k
-  )
+  w = jax.eval_shape(lambda: random_weight(jax.random.key(0), k, n, bits, codebook))
+  check_lowers_to_mosaic_gpu(lambda x, w: kern.exl3_matmul(x, w, config=config), w, m, k)
 
 
 def test_default_config_balances_the_chip():
@@ -204,15 +204,14 @@ def test_default_config_balances_the_chip():
   assert kern.default_config(1, 16, 16, 4).split_k == 1  # the zoo's 256 x 256: one step, no split
 
 
-def test_dispatch_falls_back_to_xla_on_cpu():
-  w = kern.random_weight(jax.random.key(0), 256, 384, 4, bias=True)
-  w = EXL3Weight(w.trellis, w.suh, w.svh, w.bias, w.codebook, 250, 300)
-  x = jax.random.normal(jax.random.key(1), (3, 250), jnp.bfloat16)
-  y = kern.exl3_matmul(x, w)
-  assert y.shape == (3, 300) and y.dtype == jnp.bfloat16
-  np.testing.assert_array_equal(y, w.dense_matmul(x))
-  np.testing.assert_array_equal(w.matmul(x[None]), w.dense_matmul(x[None]))
-  assert kern.nv.rel_err(y, kern.reference(x, w)) < TOL
+def test_check_shape_names_what_the_kernel_cannot_take():
+  w = random_weight(jax.random.key(0), 256, 384, 4)
+  kern.check_shape(16, w)
+  with pytest.raises(ValueError, match="m=17"):
+    kern.check_shape(17, w)
+  stacked = jax.tree.map(lambda a: a[None], w)
+  with pytest.raises(ValueError, match="one weight"):
+    kern.check_shape(1, stacked)
 
 
 def test_bad_shapes_are_rejected():
@@ -224,10 +223,6 @@ def test_bad_shapes_are_rejected():
     kern.TuningConfig(4, 6).check(1, 512, 128, 4, Codebook.MUL1)
   with pytest.raises(ValueError, match="SMEM"):
     kern.TuningConfig(16, 16, 8).check(16, 512, 128, 8, Codebook.INST3)
-  with pytest.raises(ValueError, match="unknown implementation"):
-    kern.exl3_matmul(
-      jnp.ones((1, 128)), kern.random_weight(jax.random.key(0), 128, 128, 2), implementation="x"
-    )
 
 
 @pytest.mark.gpu
@@ -243,27 +238,19 @@ def test_bad_shapes_are_rejected():
   ],
 )
 def test_kernel_matches_reference_on_gpu(m, bits, codebook, config):
-  w = kern.random_weight(jax.random.key(bits * 17 + m), 1024, 896, bits, codebook)
+  w = random_weight(jax.random.key(bits * 17 + m), 1024, 896, bits, codebook)
   xh = jax.random.normal(jax.random.key(m), (m, 1024), jnp.float32)
   y = kern.inner_matmul(xh, w, config)
   assert np.all(np.isfinite(np.asarray(y)))
-  assert kern.nv.rel_err(y, kern.inner_reference(xh, w)) < INNER_TOL
+  assert rel_err(y, kern.inner_reference(xh, w)) < INNER_TOL
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 5, 16])
 def test_full_matmul_on_gpu(m):
-  w = kern.random_weight(jax.random.key(m), 1024, 768, 4, bias=True)
+  w = random_weight(jax.random.key(m), 1024, 768, 4, bias=True)
   w = EXL3Weight(w.trellis, w.suh, w.svh, w.bias, w.codebook, 1000, 700)  # padded dims
   x = jax.random.normal(jax.random.key(m + 1), (m, 1000), jnp.bfloat16)
-  y = kern.exl3_matmul(x, w, implementation="mosaic")
+  y = kern.exl3_matmul(x, w)
   assert y.shape == (m, 700)
-  assert kern.nv.rel_err(y, kern.reference(x, w)) < TOL
-
-
-@pytest.mark.gpu
-def test_dispatch_takes_the_kernel_for_decode_only():
-  w = kern.random_weight(jax.random.key(0), 512, 512, 4)
-  decode = jax.jit(kern.exl3_matmul).lower(jnp.ones((16, 512), jnp.bfloat16), w).as_text()
-  prefill = jax.jit(kern.exl3_matmul).lower(jnp.ones((17, 512), jnp.bfloat16), w).as_text()
-  assert "mosaic_gpu" in decode and "mosaic_gpu" not in prefill
+  assert rel_err(y, kern.reference(x, w)) < TOL

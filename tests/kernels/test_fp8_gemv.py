@@ -3,9 +3,9 @@
 The Mosaic GPU kernel emits PTX through `inline_mgpu`, so the Pallas GPU interpreter cannot run it.
 On CPU we check (1) the integer decode against E4M3 for every code in every byte of a word, (2)
 `emulate` (the kernel's own step on numpy lanes, with nvfp4's swizzle, mma fragments and epilogue)
-against the jnp reference, (3) the dispatch and its input checks, and (4) that the kernel lowers to
-a Mosaic GPU custom call for cuda. `-m gpu` runs the kernel itself (needs JAX_PLATFORMS=cuda:
-conftest defaults to cpu).
+against the jnp reference, (3) the kernel's shape and input checks, and (4) that the kernel lowers
+to a Mosaic GPU custom call for cuda (when the model runs it: tests/ops/test_qmatmul.py). `-m gpu`
+runs the kernel itself (needs JAX_PLATFORMS=cuda: conftest defaults to cpu).
 """
 
 import jax
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from kernels_pallas import fp8_gemv as kern
+from kernels_pallas.bench_util import rel_err
 from specdec.quant import fp8
-from tests.helpers import check_falls_back_to_xla, check_lowers_to_mosaic_gpu, ref_f32
+from tests.helpers import check_lowers_to_mosaic_gpu, ref_f32
 from tests.ptx_interp import run_ptx
 
 # bf16 output of an f32 accumulation: one bf16 rounding (2^-9 relative) dominates; the kernel's
@@ -25,7 +26,7 @@ TOL = 1e-2
 
 
 def weight(k, n, seed=0):
-  return kern.random_weight(jax.random.key(seed), k, n)
+  return fp8.random_weight(jax.random.key(seed), k, n)
 
 
 def bf16x2_to_f32(word):
@@ -66,7 +67,7 @@ def test_emulated_kernel_matches_reference(m, k, n, config):
   w = weight(k, n, seed=m)
   x = jax.random.normal(jax.random.key(m + 100), (m, k), jnp.bfloat16)
   y = kern.emulate(x, w, config)
-  assert kern.nv.rel_err(y, ref_f32(x, w)) < 1e-5  # f32 accumulation on both sides
+  assert rel_err(y, ref_f32(x, w)) < 1e-5  # f32 accumulation on both sides
 
 
 def test_emulated_kernel_on_a_quantized_weight():
@@ -74,7 +75,7 @@ def test_emulated_kernel_on_a_quantized_weight():
   w_KN = jax.random.normal(jax.random.key(7), (256, 64)) * jnp.linspace(0.01, 3.0, 64)
   w = fp8.quantize(w_KN, per_channel=True)
   x = jax.random.normal(jax.random.key(8), (5, 256), jnp.bfloat16)
-  assert kern.nv.rel_err(kern.emulate(x, w), ref_f32(x, w)) < 1e-5
+  assert rel_err(kern.emulate(x, w), ref_f32(x, w)) < 1e-5
 
 
 def test_default_config_balances_the_chip():
@@ -88,14 +89,15 @@ def test_default_config_balances_the_chip():
 def test_kernel_lowers_for_cuda_on_cpu(m, k, n):
   w = jax.eval_shape(lambda: weight(k, n))
   config = kern.default_config(m, k, n)
-  check_lowers_to_mosaic_gpu(lambda x, w: kern._mosaic_matmul(x, w, config), w, m, k)
+  check_lowers_to_mosaic_gpu(lambda x, w: kern.fp8_matmul(x, w, config=config), w, m, k)
 
 
-def test_dispatch_falls_back_to_xla_on_cpu():
-  w = weight(512, 128)
-  x = check_falls_back_to_xla(kern.fp8_matmul, kern.reference, w, TOL)
-  y3 = w.matmul(x.reshape(2, 2, 512))
-  np.testing.assert_array_equal(np.asarray(y3).reshape(4, 128), np.asarray(kern.xla_matmul(x, w)))
+def test_check_shape_names_what_the_kernel_cannot_take():
+  kern.check_shape(16, weight(512, 128))
+  with pytest.raises(ValueError, match="m=17"):
+    kern.check_shape(17, weight(512, 128))
+  with pytest.raises(ValueError, match="one weight"):
+    kern.check_shape(1, fp8.random_weight(jax.random.key(0), 512, 128, copies=2))
 
 
 def test_bad_shapes_are_rejected():
@@ -112,8 +114,6 @@ def test_bad_shapes_are_rejected():
     kern.fp8_matmul(jnp.ones((1, 128), jnp.bfloat16), w)
   with pytest.raises(ValueError, match="scale_N"):
     kern.fp8_matmul(jnp.ones((1, 256), jnp.bfloat16), fp8.FP8Weight(w.codes_NK, w.scale_N[:8]))
-  with pytest.raises(ValueError, match="implementation 'triton'"):
-    kern.fp8_matmul(jnp.ones((1, 256), jnp.bfloat16), w, implementation="triton")
 
 
 @pytest.mark.gpu
@@ -124,15 +124,5 @@ def test_bad_shapes_are_rejected():
 def test_kernel_matches_reference_on_gpu(m, k, n, config):
   w = weight(k, n, seed=m)
   x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-  y = kern.fp8_matmul(x, w, config=config, implementation="mosaic")
-  assert kern.nv.rel_err(y, ref_f32(x, w)) < TOL
-
-
-@pytest.mark.gpu
-def test_weight_matmul_uses_the_kernel_on_gpu():
-  w = fp8.quantize(jax.random.normal(jax.random.key(3), (768, 256)), per_channel=True)
-  x = jax.random.normal(jax.random.key(4), (1, 5, 768), jnp.bfloat16)
-  text = jax.jit(w.matmul).lower(x).as_text()
-  assert "mosaic_gpu" in text
-  y = w.matmul(x).reshape(5, 256)
-  assert kern.nv.rel_err(y, ref_f32(x.reshape(5, 768), w)) < TOL
+  y = kern.fp8_matmul(x, w, config=config)
+  assert rel_err(y, ref_f32(x, w)) < TOL

@@ -5,8 +5,8 @@ On CPU we check (1) the decode and scale bit tricks against E2M1/E4M3 for every 
 (the kernel's own step/epilogue code on numpy lanes, with the TMA swizzle and mma fragments) against
 the jnp reference, (3) the shared-memory bank conflicts (none for codes and scales, 2-way for x)
 and that the checker would see a conflict, and (4) that the kernel lowers to a Mosaic GPU custom
-call for the cuda platform. `-m gpu` runs the kernel itself (needs JAX_PLATFORMS=cuda: conftest
-defaults to cpu).
+call for the cuda platform (when the model runs it: tests/ops/test_qmatmul.py). `-m gpu` runs the
+kernel itself (needs JAX_PLATFORMS=cuda: conftest defaults to cpu).
 """
 
 import dataclasses
@@ -17,9 +17,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from kernels_pallas import bench_util
+from kernels_pallas import gemv_common as gemv
 from kernels_pallas import nvfp4_gemv as kern
 from specdec.quant import nvfp4
-from tests.helpers import check_falls_back_to_xla, check_lowers_to_mosaic_gpu, ref_f32
+from tests.helpers import check_lowers_to_mosaic_gpu, ref_f32
 from tests.ptx_interp import run_ptx
 
 # bf16 output of an f32 accumulation: one bf16 rounding (2^-9 relative) dominates; the reference
@@ -28,7 +30,7 @@ TOL = 1e-2
 
 
 def weight(k, n, seed=0, divides=False):
-  w = kern.random_weight(jax.random.key(seed), k, n)
+  w = nvfp4.random_weight(jax.random.key(seed), k, n)
   return nvfp4.NVFP4Weight(w.packed_NP, w.scales_NG, w.global_scale_N, divides)
 
 
@@ -96,9 +98,9 @@ def test_scale_splats_cover_all_e4m3():
 
 def test_prmt_pairs_k_and_k_plus_4():
   x0, x1, x2, x3 = (np.array([v], np.uint32) for v in (0x00010000, 0x00030002, 0x00050004, 0x70006))
-  assert kern.prmt_np(x0, x2, kern.PAIR_LO)[0] == 0x00040000
-  assert kern.prmt_np(x0, x2, kern.PAIR_HI)[0] == 0x00050001
-  assert kern.prmt_np(x1, x3, kern.PAIR_LO)[0] == 0x00060002
+  assert gemv.prmt_np(x0, x2, gemv.PAIR_LO)[0] == 0x00040000
+  assert gemv.prmt_np(x0, x2, gemv.PAIR_HI)[0] == 0x00050001
+  assert gemv.prmt_np(x1, x3, gemv.PAIR_LO)[0] == 0x00060002
 
 
 @pytest.mark.parametrize(
@@ -117,7 +119,7 @@ def test_emulated_kernel_matches_reference(m, k, n, config, divides, order):
   w = weight(k, n, seed=m, divides=divides).in_order(order)
   x = jax.random.normal(jax.random.key(m + 100), (m, k), jnp.bfloat16)
   y = kern.emulate(x, w, config)
-  assert kern.rel_err(y, ref_f32(x, w)) < 1e-5  # f32 accumulation on both sides
+  assert bench_util.rel_err(y, ref_f32(x, w)) < 1e-5  # f32 accumulation on both sides
 
 
 @pytest.mark.parametrize("m", [1, 4, 5, 8, 9, 16])
@@ -137,7 +139,7 @@ def test_lines_must_divide_k():
 
 
 def test_conflict_checker_sees_unswizzled_reads(monkeypatch):
-  monkeypatch.setattr(kern, "swizzle", lambda offset, line0: offset)
+  monkeypatch.setattr(gemv, "swizzle", lambda offset, line0: offset)
   assert kern.bank_conflicts(kern.TuningConfig(128), 8)["w"] > 0
 
 
@@ -162,13 +164,18 @@ def test_default_config_balances_the_chip():
 )
 @pytest.mark.parametrize("lines", [1, 2])
 def test_kernel_lowers_for_cuda_on_cpu(m, k, n, order, lines):
-  w = jax.eval_shape(lambda: kern.random_weight(jax.random.key(0), k, n).in_order(order))
+  w = jax.eval_shape(lambda: nvfp4.random_weight(jax.random.key(0), k, n).in_order(order))
   config = dataclasses.replace(kern.default_config(m, k, n), lines=lines, max_concurrent_steps=2)
-  check_lowers_to_mosaic_gpu(lambda x, w: kern._mosaic_matmul(x, w, config), w, m, k)
+  check_lowers_to_mosaic_gpu(lambda x, w: kern.nvfp4_matmul(x, w, config=config), w, m, k)
 
 
-def test_dispatch_falls_back_to_xla_on_cpu():
-  check_falls_back_to_xla(kern.nvfp4_matmul, kern.reference, weight(512, 128), TOL)
+def test_check_shape_names_what_the_kernel_cannot_take():
+  kern.check_shape(16, weight(512, 128))
+  with pytest.raises(ValueError, match="m=17"):
+    kern.check_shape(17, weight(512, 128))
+  stacked = nvfp4.random_weight(jax.random.key(0), 512, 128, copies=2)
+  with pytest.raises(ValueError, match="one weight"):
+    kern.check_shape(1, stacked)
 
 
 def test_bad_shapes_are_rejected():
@@ -194,14 +201,14 @@ def test_bad_shapes_are_rejected():
 def test_kernel_matches_reference_on_gpu(m, k, n, config, order):
   w = weight(k, n, seed=m, divides=m % 2 == 0).in_order(order)
   x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-  y = kern.nvfp4_matmul(x, w, config=config, implementation="mosaic")
-  assert kern.rel_err(y, ref_f32(x, w)) < TOL
+  y = kern.nvfp4_matmul(x, w, config=config)
+  assert bench_util.rel_err(y, ref_f32(x, w)) < TOL
 
 
 def test_check_case_reports_a_failure_to_compile_and_goes_on(capsys):
   def broken():
     raise ValueError("ptxas: no")
 
-  assert not kern.check_case("case A", broken)
-  assert kern.check_case("case B", lambda: (True, "rel_err 1e-3"))
+  assert not bench_util.check_case("case A", broken)
+  assert bench_util.check_case("case B", lambda: (True, "rel_err 1e-3"))
   assert capsys.readouterr().out == "case A: FAILED ValueError: ptxas: no\ncase B: rel_err 1e-3\n"

@@ -10,9 +10,9 @@ import pytest
 import specdec
 from specdec.checkpoint.safetensors_io import read_tensors, write_tensors
 from specdec.drafters import ngram
-from specdec.ops.qmatmul import QuantizedWeight
 from specdec.quant import nvfp4
 from specdec.quant.apply import dequantized_twin, quantize_model
+from specdec.quant.base import QuantizedWeight
 from tests.helpers import tiny_model
 
 X = np.array([[1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]])

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec.ops.qmatmul import QuantizedWeight, matmul
+from specdec.ops.qmatmul import matmul
+from specdec.quant.base import QuantizedWeight
 from specdec.quant.exl3 import Codebook, EXL3Weight
 from specdec.quant.exl3.hadamard import had_activations, had_cols, had_rows, hadamard_matrix
 from specdec.quant.exl3.layout import TENSOR_CORE_PERM, matrix_to_tiles, tiles_to_matrix

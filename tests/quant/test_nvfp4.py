@@ -9,8 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from specdec.ops.qmatmul import QuantizedWeight, matmul
+from specdec.ops.qmatmul import matmul
 from specdec.quant import nvfp4
+from specdec.quant.base import QuantizedWeight
 from specdec.quant.errors import QuantFormatError
 from specdec.quant.layouts import (
   CT,

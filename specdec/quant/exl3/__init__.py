@@ -6,7 +6,7 @@ from specdec.quant.exl3.config import EXL3Config, parse_quantization_config, qua
 from specdec.quant.exl3.errors import EXL3FormatError
 from specdec.quant.exl3.quantize import quantize_linear
 from specdec.quant.exl3.scale_search import ScaleSearch
-from specdec.quant.exl3.weight import EXL3Weight
+from specdec.quant.exl3.weight import EXL3Weight, random_weight
 
 __all__ = [
   "Codebook",
@@ -19,6 +19,7 @@ __all__ = [
   "parse_quantization_config",
   "quantization_config",
   "quantize_linear",
+  "random_weight",
   "read_linear",
   "write_linear",
 ]

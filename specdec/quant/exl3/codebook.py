@@ -22,15 +22,15 @@ class Codebook(enum.StrEnum):
 # Multipliers locked by exllamav3 commit 0f2da5d (2025-10-12); kernels never read the stored value.
 MCG_MULT = 0xCBAC1FED
 MUL1_MULT = 0x83DCD12D
-_INST3_MULT = 89226354
-_INST3_ADD = 64248484
+INST3_MULT = 89226354
+INST3_ADD = 64248484
 # Keep sign + 12 low bits of each fp16 half, then force its exponent into [12, 15]: |half| in
 # [1/8, 2).
-_HALF_PAIR_MASK = 0x8FFF8FFF
-_HALF_PAIR_XOR = 0x3B603B60
+HALF_PAIR_MASK = 0x8FFF8FFF
+HALF_PAIR_XOR = 0x3B603B60
 # mul1: fp16 bit patterns of 1/147.77 and -(1024 + 510)/147.77, applied as one fp16 fma.
-_MUL1_SCALE_BITS = 0x1EEE
-_MUL1_BIAS_BITS = 0xC931
+MUL1_SCALE_BITS = 0x1EEE
+MUL1_BIAS_BITS = 0xC931
 
 # RMS over all 65536 states. exllamav3 normalizes every codebook's input to the 3INST RMS
 # (`codebook_scale`), whatever the codebook; the global scale search absorbs the difference.
@@ -42,7 +42,7 @@ def _fp16_bits_to_f32(bits: int) -> np.float32:
 
 
 def _decode_half_pair(x_u32: jax.Array) -> jax.Array:
-  x_u32 = (x_u32 & jnp.uint32(_HALF_PAIR_MASK)) ^ jnp.uint32(_HALF_PAIR_XOR)
+  x_u32 = (x_u32 & jnp.uint32(HALF_PAIR_MASK)) ^ jnp.uint32(HALF_PAIR_XOR)
   lo = jax.lax.bitcast_convert_type((x_u32 & 0xFFFF).astype(jnp.uint16), jnp.float16)
   hi = jax.lax.bitcast_convert_type((x_u32 >> 16).astype(jnp.uint16), jnp.float16)
   # The exact sum of two such halves fits f32, so one rounding to f16 equals CUDA's __hadd.
@@ -56,8 +56,8 @@ def _decode_mul1(x_u32: jax.Array) -> jax.Array:
   h = (byte_sum + 1024).astype(jnp.float32)  # fp16 bits 0x6400 + S is exactly 1024 + S
   # h * scale is a multiple of 2^-18 below 2^4, and so is the bias: the f32 fma is exact, and one
   # rounding to f16 equals CUDA's single-rounding __hfma.
-  scale = _fp16_bits_to_f32(_MUL1_SCALE_BITS)
-  bias = _fp16_bits_to_f32(_MUL1_BIAS_BITS)
+  scale = _fp16_bits_to_f32(MUL1_SCALE_BITS)
+  bias = _fp16_bits_to_f32(MUL1_BIAS_BITS)
   return (h * scale + bias).astype(jnp.float16)
 
 
@@ -67,7 +67,7 @@ def decode_states(states: jax.Array, codebook: Codebook | str) -> jax.Array:
   codebook = Codebook(codebook)
   x_u32 = states.astype(jnp.uint32) & jnp.uint32(0xFFFF)
   if codebook == Codebook.INST3:
-    return _decode_half_pair(x_u32 * jnp.uint32(_INST3_MULT) + jnp.uint32(_INST3_ADD))
+    return _decode_half_pair(x_u32 * jnp.uint32(INST3_MULT) + jnp.uint32(INST3_ADD))
   if codebook == Codebook.MCG:
     return _decode_half_pair(x_u32 * jnp.uint32(MCG_MULT))
   return _decode_mul1(x_u32 * jnp.uint32(MUL1_MULT))

@@ -58,22 +58,27 @@ class EXL3Weight:
     w_IO = _dense(self.trellis, self.suh, self.svh, self.codebook)
     return w_IO[: self.in_features, : self.out_features].astype(dtype)
 
-  def matmul(self, x_MK: jax.Array) -> jax.Array:
-    if jax.default_backend() == "gpu" and x_MK.dtype == jnp.bfloat16:
-      # Imported here: CPU runs never need Pallas. M > 16 and unsupported shapes fall back to
-      # dense_matmul inside.
-      from kernels_pallas.exl3_gemv import exl3_matmul
 
-      y_MN = exl3_matmul(x_MK.reshape(-1, x_MK.shape[-1]), self)
-      return y_MN.reshape(*x_MK.shape[:-1], y_MN.shape[-1])
-    return self.dense_matmul(x_MK)
-
-  def dense_matmul(self, x_MK: jax.Array) -> jax.Array:
-    """Reconstruct W in x's dtype and let XLA multiply (also the kernel's prefill and fallback)."""
-    y_MN = jnp.einsum("...i,io->...o", x_MK, self.dequantize(x_MK.dtype))
-    if self.bias is not None:
-      y_MN = y_MN + self.bias[: self.out_features].astype(y_MN.dtype)
-    return y_MN
+def random_weight(key, k: int, n: int, bits: int, codebook=Codebook.MUL1, bias=False) -> EXL3Weight:
+  """Random words (every bitstream is a valid trellis: states are just its windows) and suh / svh
+  of random sign and magnitude, as the quantizer leaves them. For kernel tests and benchmarks."""
+  keys = jax.random.split(key, 6)
+  suh = jax.random.rademacher(keys[0], (k,)) * jax.random.uniform(
+    keys[1], (k,), minval=0.01, maxval=0.1
+  )
+  svh = jax.random.rademacher(keys[2], (n,)) * jax.random.uniform(
+    keys[3], (n,), minval=0.5, maxval=2
+  )
+  u16 = jax.random.bits(keys[4], (k // TILE_DIM, n // TILE_DIM, TILE_DIM * bits), jnp.uint16)
+  return EXL3Weight(
+    trellis=jax.lax.bitcast_convert_type(u16, jnp.int16),
+    suh=suh.astype(jnp.float16),
+    svh=svh.astype(jnp.float16),
+    bias=jax.random.normal(keys[5], (n,), jnp.float16) if bias else None,
+    codebook=Codebook(codebook),
+    in_features=k,
+    out_features=n,
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("codebook",))
