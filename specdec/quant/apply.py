@@ -34,6 +34,7 @@ def quantize_model(model, fmt: str, exclude: tuple[str, ...] = ("lm_head",), see
 
 def dequantized_twin(model):
   """The same model with every quantized kernel expanded to a dense array in the model's dtype."""
+
   def expand(w):
     return w.dequantize(model.dtype) if isinstance(w, QuantizedWeight) else w
 
