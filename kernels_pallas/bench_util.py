@@ -8,10 +8,12 @@ How the figures in docs/benchmarks.md were taken: its "Kernel notes moved from t
 """
 
 import itertools
+import statistics
 import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -34,6 +36,38 @@ def call_times_us(fn, args, calls: int, iterations: int) -> list[float]:
   for _ in range(iterations):
     jax.block_until_ready(fn(*args))
   return [1e6 * (time.perf_counter() - t0) / iterations / calls]
+
+
+def median_us(fn, args, calls: int, iterations: int) -> float:
+  return statistics.median(call_times_us(fn, args, calls, iterations))
+
+
+def dense_weights(k: int, n: int, copies: int) -> list[jax.Array]:
+  """`copies` random bf16 (K, N) weights: XLA's bf16 dot on them is every GEMV's baseline."""
+  dense = jax.random.normal(jax.random.key(1), (copies, k, n), jnp.bfloat16)
+  return [dense[c] for c in range(copies)]
+
+
+def dot_us(x, dense_list, iterations: int) -> float:
+  """XLA's bf16 dot of x with one dense weight, per call over the copies in `dense_list`."""
+  fn = jax.jit(lambda x, ds: [jnp.dot(x, d) for d in ds])
+  return median_us(fn, (x, dense_list), len(dense_list), iterations)
+
+
+def time_kernel(label: str, matmul, x, ws, ref, iterations: int) -> dict:
+  """compile_s of matmul(x, ws[0]), its rel_err against `ref`, and us: its time per call over the
+  weight copies `ws`. A failure to compile or run is printed and returned as `error`, so that a
+  sweep goes on."""
+  try:
+    t0 = time.perf_counter()
+    compiled = jax.jit(matmul).lower(x, ws[0]).compile()
+    row = {"compile_s": time.perf_counter() - t0, "rel_err": rel_err(compiled(x, ws[0]), ref)}
+    chain = jax.jit(lambda x, ws: [matmul(x, w) for w in ws])
+    return row | {"us": median_us(chain, (x, ws), len(ws), iterations)}
+  except Exception as e:  # noqa: BLE001 -- report the failure in the table and keep going
+    error = f"{type(e).__name__}: {str(e)[:2000]}"
+    print(f"FAILED {label}: {error}", file=sys.stderr)
+    return {"error": error}
 
 
 def check_case(name: str, measure) -> bool:

@@ -28,7 +28,6 @@ gain, tried variants and the in-model gate: docs/benchmarks.md ("Kernel notes mo
 import dataclasses
 import functools
 import math
-import statistics
 import sys
 import time
 
@@ -428,79 +427,54 @@ def _bench_kernel(x, ws: list[EXL3Weight], config: TuningConfig, iterations: int
   s = _Shape(x.shape[0], ws[0].bits, ws[0].codebook, config)
   xf = x_fragments(x.astype(jnp.float16), s.codebook)
   chain = jax.jit(lambda xf, ts: [_mosaic_inner(xf, t, s) for t in ts])
-  times = bench_util.call_times_us(chain, (xf, [w.trellis for w in ws]), len(ws), iterations)
-  row["us"] = statistics.median(times)
+  row["us"] = bench_util.median_us(chain, (xf, [w.trellis for w in ws]), len(ws), iterations)
   if op:  # what the model calls: the kernel plus XLA's rotations and mul1 affine around it
     full = jax.jit(lambda x, ws: [exl3_matmul(x, w, config=config) for w in ws])
-    row["op_us"] = statistics.median(bench_util.call_times_us(full, (x, ws), len(ws), iterations))
+    row["op_us"] = bench_util.median_us(full, (x, ws), len(ws), iterations)
   return row
 
 
 def bench_shape(k, n, bits_list, ms, copies, iterations, codebook, configs, op_bits):
   """The kernel on `copies` weight sets (more than L2 holds) against XLA's bf16 dot."""
   rows = []
-  dense = jax.random.normal(jax.random.key(1), (copies, k, n), jnp.bfloat16)
-  dense_list = [dense[c] for c in range(copies)]
-  xla_fn = jax.jit(lambda x, ds: [jnp.dot(x, d) for d in ds])
-  xla_us = {}
-  for m in ms:
-    x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-    xla_us[m] = statistics.median(
-      bench_util.call_times_us(xla_fn, (x, dense_list), copies, iterations)
-    )
-  del dense, dense_list
+  dense_list = bench_util.dense_weights(k, n, copies)
+  xs = {m: jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16) for m in ms}
+  xla_us = {m: bench_util.dot_us(xs[m], dense_list, iterations) for m in ms}
+  del dense_list
   for bits in bits_list:
     ws = [random_weight(jax.random.key(bits * 8 + c), k, n, bits, codebook) for c in range(copies)]
     for m in ms:
-      x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
       for config in configs or [default_config(m, k // TILE, n // TILE, bits, codebook)]:
         row = dict(m=m, k=k, n=n, bits=bits, config=config, xla_us=xla_us[m])
-        row["xla_tbs"] = 2 * k * n / xla_us[m] / 1e6
         try:
-          row |= _bench_kernel(x, ws, config, iterations, bits in op_bits)
+          row |= _bench_kernel(xs[m], ws, config, iterations, bits in op_bits)
           row["tbs"] = k * n * bits / 8 / row["us"] / 1e6
         except Exception as e:  # noqa: BLE001 -- report the failure in the table and keep going
           row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
           print(f"FAILED {row}: {row['error']}", file=sys.stderr)
         rows.append(row)
-        print(_format_row(row), flush=True)
+        print(_table_row(row), flush=True)
     del ws
   return rows
 
 
-def _cfg(c: TuningConfig) -> str:
-  return f"{c.tiles_n}/{c.tiles_k}/{c.max_concurrent_steps}/{c.split_k}"
+TABLE_HEAD = (
+  "| K bits | M | in x out | tiles_n/tiles_k/stages/split_k | kernel us | TB/s | % of 4.24 "
+  "| op us | XLA bf16 us | XLA / kernel | compile s | rel_err |\n"
+  "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
 
 
-def _format_row(r: dict) -> str:
-  head = f"K={r['bits']} M={r['m']:2d} {r['k']}x{r['n']} cfg={_cfg(r['config'])}"
-  xla = f"XLA bf16 {r['xla_us']:7.1f} us {r['xla_tbs']:.2f} TB/s"
+def _table_row(r: dict) -> str:
+  c = r["config"]
+  cells = [str(r["bits"]), str(r["m"]), f"{r['k']}x{r['n']}"]
+  cells.append(f"{c.tiles_n}/{c.tiles_k}/{c.max_concurrent_steps}/{c.split_k}")
   if "error" in r:
-    return f"{head} | FAILED | {xla}"
-  return (
-    f"{head} | {r['us']:6.1f} us {r['tbs']:.2f} TB/s {100 * r['tbs'] / COPY_CEILING_TBS:3.0f}% "
-    f"| op {r.get('op_us', math.nan):6.1f} us | {xla} | x{r['xla_us'] / r['us']:.2f} "
-    f"| compile {r['compile_s']:.1f} s "
-    f"| rel_err {r['rel_err']:.1e}"
-  )
-
-
-def _table(rows: list[dict]) -> None:
-  print(
-    "\n| K bits | M | in x out | tiles_n/tiles_k/stages/split_k | kernel us | TB/s | % of 4.24 "
-    "| op us | XLA bf16 us | XLA / kernel | compile s |"
-  )
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
-  for r in rows:
-    if "error" in r:
-      print(f"| {r['bits']} | {r['m']} | {r['k']}x{r['n']} | {_cfg(r['config'])} | FAILED ||||||")
-      continue
-    print(
-      f"| {r['bits']} | {r['m']} | {r['k']}x{r['n']} | {_cfg(r['config'])} | {r['us']:.1f} "
-      f"| {r['tbs']:.2f} | {100 * r['tbs'] / COPY_CEILING_TBS:.0f}% "
-      f"| {r.get('op_us', math.nan):.1f} "
-      f"| {r['xla_us']:.1f} | {r['xla_us'] / r['us']:.2f} | {r['compile_s']:.1f} |"
-    )
+    return "| " + " | ".join(cells + ["FAILED"]) + " |||||||"
+  cells += [f"{r['us']:.1f}", f"{r['tbs']:.2f}", f"{100 * r['tbs'] / COPY_CEILING_TBS:.0f}%"]
+  cells += [f"{r.get('op_us', math.nan):.1f}", f"{r['xla_us']:.1f}", f"{r['xla_us'] / r['us']:.2f}"]
+  cells += [f"{r['compile_s']:.1f}", f"{r['rel_err']:.1e}"]
+  return "| " + " | ".join(cells) + " |"
 
 
 def _check_errors(x, xh, w: EXL3Weight, config) -> tuple[bool, str]:
@@ -554,9 +528,11 @@ def main(
   if mode == "check":
     return
   configs = bench_util.config_sweep(TuningConfig, tiles_n, tiles_k, stages, split_k)
+  print(TABLE_HEAD, flush=True)
   rows = []
   for k, n in shapes:
     rows += bench_shape(
       k, n, list(bits), list(ms), copies, iterations, Codebook(codebook), configs, list(op_bits)
     )
-  _table(rows)
+  print("\n" + TABLE_HEAD)
+  print("\n".join(_table_row(r) for r in rows))

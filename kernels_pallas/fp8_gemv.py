@@ -26,9 +26,6 @@ docs/benchmarks.md ("Kernel notes moved from the code", and its FP8 section).
 import dataclasses
 import functools
 import math
-import statistics
-import sys
-import time
 from typing import ClassVar
 
 import jax
@@ -186,8 +183,8 @@ def emulate(x_MK, w: FP8Weight, config: TuningConfig | None = None) -> np.ndarra
       }
       for step in range(split * steps, (split + 1) * steps):
         slot = (step - split * steps) % stages
-        w_buf = gemv.SmemImage(codes[rows, step], slot * codes[rows, step].nbytes, swizzled=True)
-        x_buf = gemv.SmemImage(x[:, step], slot * x[:, step].nbytes, swizzled=True)
+        w_buf = gemv.SmemImage.in_slot(codes[rows, step], slot, swizzled=True)
+        x_buf = gemv.SmemImage.in_slot(x[:, step], slot, swizzled=True)
         acc = _step(ops, nb, nt, m, w_buf, x_buf, acc)
       red = np.full((4, tn, 8 * nt), np.nan, np.float32)
       gemv.epilogue(ops, nb, nt, m, acc, red, scale_N[rows], out[split][:, rows], False)
@@ -296,27 +293,13 @@ def _timed_rows(k: int, n: int, m: int, w_list, dense_list, configs, iterations:
   copies = len(w_list)
   x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
   ref = reference(x, w_list[0])
-  xla = jax.jit(lambda x, ds: [jnp.dot(x, d) for d in ds])
-  t_xla = statistics.median(bench_util.call_times_us(xla, (x, dense_list), copies, iterations))
+  t_xla = bench_util.dot_us(x, dense_list, iterations)
   fallback = jax.jit(lambda x, ws: [jnp.dot(x, w.dequantize(jnp.bfloat16)) for w in ws])
-  t_fallback = statistics.median(
-    bench_util.call_times_us(fallback, (x, w_list), copies, iterations)
-  )
+  t_fallback = bench_util.median_us(fallback, (x, w_list), copies, iterations)
   for config in configs or [default_config(m, k, n)]:
     row = dict(m=m, k=k, n=n, config=config, xla_us=t_xla, fallback_us=t_fallback)
-    try:
-      one = jax.jit(functools.partial(fp8_matmul, config=config))
-      t0 = time.perf_counter()
-      compiled = one.lower(x, w_list[0]).compile()
-      row["compile_s"] = time.perf_counter() - t0
-      row["rel_err"] = bench_util.rel_err(compiled(x, w_list[0]), ref)
-      chain = jax.jit(lambda x, ws, c=config: [fp8_matmul(x, w, config=c) for w in ws])
-      row["us"] = statistics.median(
-        bench_util.call_times_us(chain, (x, w_list), copies, iterations)
-      )
-    except Exception as e:  # noqa: BLE001 -- report the failure in the table and keep going
-      row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-      print(f"FAILED m={m} k={k} n={n} {config}: {row['error']}", file=sys.stderr)
+    matmul = functools.partial(fp8_matmul, config=config)
+    row |= bench_util.time_kernel(f"m={m} k={k} n={n} {config}", matmul, x, w_list, ref, iterations)
     print(_format_row(row), flush=True)
     yield row
 
@@ -353,8 +336,7 @@ def bench(shapes, ms, copies: int, iterations: int, configs) -> list[dict]:
   for k, n in shapes:
     ws = random_weight(jax.random.key(k * 131 + n), k, n, copies)
     w_list = [jax.tree.map(lambda a, c=c: a[c], ws) for c in range(copies)]
-    dense = jax.random.normal(jax.random.key(1), (copies, k, n), jnp.bfloat16)
-    dense_list = [dense[c] for c in range(copies)]
+    dense_list = bench_util.dense_weights(k, n, copies)
     for m in ms:
       rows += list(_timed_rows(k, n, m, w_list, dense_list, configs, iterations))
   return rows

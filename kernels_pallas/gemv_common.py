@@ -138,6 +138,30 @@ class SmemImage:
     idx = np.arange(flat.size)
     self.bytes[swizzle(idx, self.line0) if swizzled else idx] = flat
 
+  @classmethod
+  def in_slot(cls, logical: np.ndarray, slot: int, swizzled: bool) -> "SmemImage":
+    """Slot `slot` of a pipeline buffer of such slots, allocated 1024-aligned as in Pallas."""
+    return cls(logical, slot * logical.nbytes, swizzled)
+
+
+def extra_wavefronts(addr, nbytes: int) -> int:
+  """Extra SMEM wavefronts (0 = conflict-free) of the four warps' loads of `nbytes` each at the
+  byte addresses addr [128]: 16-byte loads go in 4 phases of 8 lanes, 8-byte in 2 of 16, smaller
+  in 1 (32 banks of 4 bytes)."""
+  lanes_per_phase = min(32, 128 // nbytes)
+  extra = 0
+  for w in range(4):
+    a = addr[32 * w : 32 * w + 32]
+    for p in range(0, 32, lanes_per_phase):
+      words = {
+        (int(x) // 4 + i) for x in a[p : p + lanes_per_phase] for i in range(max(1, nbytes // 4))
+      }
+      banks: dict[int, set[int]] = {}
+      for word in words:
+        banks.setdefault(word % 32, set()).add(word)
+      extra += max(len(v) for v in banks.values()) - 1
+  return extra
+
 
 class NumpyOps:
   """The ops interface on numpy; a kernel's subclass adds `decode` and `out_factor`."""

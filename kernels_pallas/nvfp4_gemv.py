@@ -29,9 +29,6 @@ import dataclasses
 import functools
 import itertools
 import math
-import statistics
-import sys
-import time
 from typing import ClassVar
 
 import jax
@@ -309,13 +306,9 @@ def emulate(x_MK, w: NVFP4Weight, config: TuningConfig | None = None) -> np.ndar
         slot = (step - split * steps) % stages
         line_bufs = [
           (
-            gemv.SmemImage(
-              packed[rows, step, j], slot * packed[rows, step, j].nbytes, swizzled=True
-            ),
-            gemv.SmemImage(
-              scales[rows, step, j], slot * scales[rows, step, j].nbytes, swizzled=False
-            ),
-            gemv.SmemImage(x[:, step, j], slot * x[:, step, j].nbytes, swizzled=True),
+            gemv.SmemImage.in_slot(packed[rows, step, j], slot, swizzled=True),
+            gemv.SmemImage.in_slot(scales[rows, step, j], slot, swizzled=False),
+            gemv.SmemImage.in_slot(x[:, step, j], slot, swizzled=True),
           )
           for j in range(L)
         ]
@@ -332,22 +325,7 @@ def bank_conflicts(config: TuningConfig, m: int, slot_base: int = 0) -> dict[str
   chunk, half = gemv.k_chunk(warp, q)
   line0 = (slot_base >> 7) & 7
 
-  def wavefronts(addr, nbytes):
-    # A warp's 16-byte loads go in 4 phases of 8 lanes, 8-byte in 2 of 16, smaller in 1 (32 banks).
-    lanes_per_phase = min(32, 128 // nbytes)
-    extra = 0
-    for w in range(4):
-      a = addr[32 * w : 32 * w + 32]
-      for p in range(0, 32, lanes_per_phase):
-        words = {
-          (int(x) // 4 + i) for x in a[p : p + lanes_per_phase] for i in range(max(1, nbytes // 4))
-        }
-        banks: dict[int, set[int]] = {}
-        for word in words:
-          banks.setdefault(word % 32, set()).add(word)
-        extra += max(len(v) for v in banks.values()) - 1
-    return extra
-
+  wavefronts = gemv.extra_wavefronts
   out = {"w": 0, "s": 0, "x": 0}
   for b in range(config.tile_n // BLOCK_ROWS):
     for i in range(2):
@@ -468,34 +446,20 @@ def bench_shape(
     order: [jax.tree.map(lambda a, c=c: a[c], ws).in_order(order) for c in range(copies)]
     for order in orders
   }
-  w_list = by_order[orders[0]]
-  dense = jax.random.normal(jax.random.key(1), (copies, k, n), jnp.bfloat16)
-  dense_list = [dense[c] for c in range(copies)]
+  dense_list = bench_util.dense_weights(k, n, copies)
   q_bytes = k * n // 2 + k * n // GROUP
   for m in ms:
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-    ref = reference(x, w_list[0])
-    xla_fn = jax.jit(lambda x, ds: [jnp.dot(x, d) for d in ds])
-    t_xla = statistics.median(bench_util.call_times_us(xla_fn, (x, dense_list), copies, iterations))
+    ref = reference(x, by_order[orders[0]][0])
+    t_xla = bench_util.dot_us(x, dense_list, iterations)
     for config, order in itertools.product(configs or [default_config(m, k, n)], orders):
-      w_list = by_order[order]
       row = dict(m=m, k=k, n=n, config=config, order=order, xla_us=t_xla)
       row["xla_tbs"] = 2 * k * n / t_xla / 1e6
-      try:
-        one = jax.jit(functools.partial(nvfp4_matmul, config=config))
-        t0 = time.perf_counter()
-        compiled = one.lower(x, w_list[0]).compile()
-        row["compile_s"] = time.perf_counter() - t0
-        y = compiled(x, w_list[0])
-        row["rel_err"] = bench_util.rel_err(y, ref)
-        chain = jax.jit(
-          lambda x, ws, config=config: [nvfp4_matmul(x, w, config=config) for w in ws]
-        )
-        t = statistics.median(bench_util.call_times_us(chain, (x, w_list), copies, iterations))
-        row.update(us=t, tbs=q_bytes / t / 1e6)
-      except Exception as e:  # noqa: BLE001 -- report the failure in the table and keep going
-        row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-        print(f"FAILED m={m} k={k} n={n} {config}: {row['error']}", file=sys.stderr)
+      matmul = functools.partial(nvfp4_matmul, config=config)
+      label = f"m={m} k={k} n={n} {config} {order}"
+      row |= bench_util.time_kernel(label, matmul, x, by_order[order], ref, iterations)
+      if "us" in row:
+        row["tbs"] = q_bytes / row["us"] / 1e6
       rows.append(row)
       print(_table_row(row), flush=True)
   return rows
