@@ -1,17 +1,21 @@
 """Everything derived from what the decode loop counts.
 
-The loop stores, per sequence, `accept_hist [n_buckets, k+1]`: entry [b, j] counts the verify steps
-that started with a context length in bucket b and accepted exactly j of the k drafted tokens. Every
-acceptance figure here is a function of that histogram, so curves can be re-derived offline from the
-stored rows: tools report rate, tau and per-position curves under different definitions, and the
-histogram gives every one of them.
+The loop stores, per sequence: `accept_hist [n_buckets, k+1]`, entry [b, j] the verify steps that
+started with a context length in bucket b and whose verifier accepted exactly j of the k drafts;
+`censored_hist`, the same for the subset of those steps whose emission the budget or an EOS cut
+short; and `emitted_by_bucket [n_buckets]`, the tokens those steps emitted. Every figure here is a
+function of these counts, so curves can be re-derived offline from the stored rows.
 
 Conventions (docs/design.md, "Metrics"):
-* tau (mean accepted length) includes the bonus token, tau = 1 + sum_j j h_j / sum_j h_j, so it
-  lies in [1, k+1].
-* acceptance rate = accepted / proposed (vLLM's `draft_acceptance_rate`).
+* tau = emitted tokens / target forwards: the bonus token included, the prefill's first token
+  excluded (it costs the prefill, not a verify step); in [1, k+1].
+* tau_accepted = 1 + mean accepted drafts per step, the verifier's count: what tau would be if no
+  step were cut. It is the measured counterpart of Leviathan's predicted tau.
+* acceptance rate = accepted / proposed (vLLM's `draft_acceptance_rate`), over every verify step:
+  a cut limits what a step emits, not what its verifier judged, so censored steps count in full.
 * per-position acceptance is unconditional (vLLM: fraction of steps whose first i+1 drafts were all
-  accepted; tau = 1 + their sum) and conditional (P(position i accepted | positions < i accepted)).
+  accepted; tau_accepted = 1 + their sum) and conditional (P(position i accepted | positions < i
+  accepted)).
 * Undefined quantities (no steps, an unobserved position) are NaN, never 0: a 0 would read as
   "measured and always rejected".
 """
@@ -93,8 +97,19 @@ def draft_len(hist) -> int:
   return int(np.shape(hist)[-1]) - 1
 
 
-def tau(hist) -> float:
-  """Mean tokens per target forward including the bonus token, in [1, k+1]; NaN with no steps."""
+def tau(emitted: float, steps: float) -> float:
+  """Tokens emitted per target forward (bonus included, prefill's first token not); NaN with no
+  steps. The definition every table, plot and prediction beside it uses."""
+  if emitted < 0 or steps < 0:
+    raise ValueError(f"need emitted >= 0 and steps >= 0, got {emitted} / {steps}")
+  return math.nan if steps == 0 else float(emitted / steps)
+
+
+def tau_accepted(hist) -> float:
+  """1 + mean accepted drafts per step (the verifier's count), in [1, k+1]; NaN with no steps.
+
+  Equals `tau` when no step was cut by the budget or an EOS, and exceeds it otherwise.
+  """
   h = flat_hist(hist)
   n = h.sum()
   if n == 0:
@@ -119,7 +134,7 @@ def acceptance_rate_from_hist(hist) -> float:
 def per_position_uncond(hist) -> np.ndarray:
   """[k]: entry i = fraction of steps whose first i+1 drafts were all accepted (NaN with no steps).
 
-  Summing gives tau - 1, the identity vLLM's per-position vector satisfies.
+  Summing gives tau_accepted - 1, the identity vLLM's per-position vector satisfies.
   """
   h = flat_hist(hist)
   n = h.sum()
@@ -174,39 +189,47 @@ def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
   return predicted_tau(alpha, k) / (k * cost_ratio + 1.0)
 
 
-def by_bucket(hist, edges: Sequence[float] = DEFAULT_CTX_EDGES) -> list[dict]:
-  """Per context bucket: label, steps, tau, acceptance rate (NaN for an empty bucket)."""
-  h = np.asarray(hist)
-  if h.ndim != 2 or h.shape[0] != n_ctx_buckets(edges):
-    raise ValueError(f"accept_hist shape {h.shape} does not match {n_ctx_buckets(edges)} buckets")
-  return [
-    {
-      "bucket": label,
-      "steps": n_steps(row),
-      "tau": tau(row),
-      "acceptance_rate": acceptance_rate_from_hist(row),
-    }
-    for label, row in zip(bucket_labels(edges), h, strict=True)
-  ]
+# The loop's counters `acceptance_summary` takes, in its argument order (generate's stats keys).
+COUNTS = ("accept_hist", "censored_hist", "emitted_by_bucket")
 
 
-def hist_summary(hist) -> dict:
-  """The acceptance fields of a result row, from one (merged) histogram [k+1] or [buckets, k+1]."""
-  k = draft_len(hist)
-  a = alpha_mle(hist)
-  h = flat_hist(hist)
-  per_bucket = {"tau_by_bucket": [tau(row) for row in hist]} if np.ndim(hist) == 2 else {}
+def acceptance_summary(hist, censored_hist, emitted_B) -> dict:
+  """The acceptance fields of a result row from pooled counts: accept_hist and censored_hist
+  [n_buckets, k+1] and emitted_by_bucket [n_buckets] (summed over rows and requests)."""
+  h, c, e = np.asarray(hist), np.asarray(censored_hist), np.asarray(emitted_B)
+  if h.ndim != 2 or h.shape != c.shape or e.shape != h.shape[:1]:
+    raise ValueError(
+      f"accept_hist {h.shape}, censored_hist {c.shape} and emitted_by_bucket {e.shape} "
+      "must be [n_buckets, k+1], [n_buckets, k+1] and [n_buckets]"
+    )
+  if np.any(c > h):
+    raise ValueError("censored_hist counts more steps than accept_hist somewhere")
+  k, a, steps = draft_len(h), alpha_mle(h), n_steps(h)
+  flat = flat_hist(h)
   return {
-    "steps": int(h.sum()),
-    "accepted": int((np.arange(h.size) * h).sum()),
-    "proposed": int(k * h.sum()),
-    "tau": tau(hist),
-    "acceptance_rate": acceptance_rate_from_hist(hist),
-    "per_position_uncond": per_position_uncond(hist).tolist(),
-    "per_position_cond": per_position_cond(hist).tolist(),
+    "steps": steps,
+    "emitted": int(e.sum()),
+    "censored": n_steps(c),
+    "accepted": int((np.arange(flat.size) * flat).sum()),
+    "proposed": int(k * steps),
+    "tau": tau(float(e.sum()), steps),
+    "tau_accepted": tau_accepted(h),
+    "acceptance_rate": acceptance_rate_from_hist(h),
+    "per_position_uncond": per_position_uncond(h).tolist(),
+    "per_position_cond": per_position_cond(h).tolist(),
     "alpha": a,
     "predicted_tau": predicted_tau(a, k),
-    **per_bucket,
+    "tau_by_bucket": [tau(float(eb), n_steps(row)) for row, eb in zip(h, e, strict=True)],
+  }
+
+
+def per_request(steps, emitted, accepted, proposed) -> dict:
+  """Per-request tau and acceptance rate from per-request counters (sequences of equal length)."""
+  return {
+    "tau": [tau(float(e), float(s)) for e, s in zip(emitted, steps, strict=True)],
+    "acceptance_rate": [
+      acceptance_rate(float(a), float(p)) for a, p in zip(accepted, proposed, strict=True)
+    ],
   }
 
 

@@ -8,10 +8,15 @@ XLA parses XLA_FLAGS once, when JAX starts its first backend, so the entry point
 `experiments/*` main that runs JAX) call `apply_defaults` first; importing specdec changes nothing.
 A library user who wants the defaults calls it before any JAX work. Set XLA_FLAGS to name a flag
 (`...=false`) to run without it. Kernel benchmarks turn the regions off (`serialize_graphs`).
+
+`enable_compile_cache` turns on JAX's persistent compilation cache in a user cache directory
+(`specdec.load` and `specdec.generate` call it): a second process loads the executables the first
+built. SPECDEC_COMPILE_CACHE=off turns it off; a directory set in jax's own config wins.
 """
 
 import os
 import warnings
+from pathlib import Path
 
 CONCURRENT_REGION = "--xla_gpu_graph_enable_concurrent_region"
 DEFAULT_FLAGS = (f"{CONCURRENT_REGION}=true",)
@@ -66,3 +71,30 @@ def serialize_graphs() -> None:
       "in XLA_FLAGS first"
     )
   os.environ["XLA_FLAGS"] = off
+
+
+COMPILE_CACHE_ENV = "SPECDEC_COMPILE_CACHE"  # "off" (or "0"): no cache; a path: the cache there
+
+
+def default_cache_dir() -> Path:
+  """$XDG_CACHE_HOME/specdec/jax, or ~/.cache/specdec/jax."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return Path(base) / "specdec" / "jax"
+
+
+def enable_compile_cache() -> str | None:
+  """Points jax's persistent compilation cache at specdec's user cache directory unless the user
+  chose otherwise; returns the directory in use (None: no cache). Only takes effect before the
+  process's first compile (jax reads the setting once)."""
+  import jax
+
+  chosen = os.environ.get(COMPILE_CACHE_ENV, "")
+  if chosen.lower() in ("off", "0", "false", "no"):
+    return None
+  current = jax.config.jax_compilation_cache_dir
+  if current:
+    return current
+  path = Path(chosen) if chosen else default_cache_dir()
+  path.mkdir(parents=True, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  return str(path)

@@ -26,7 +26,7 @@ def test_tau_equals_one_plus_sum_uncond_property():
     hist = _random_hist(rng, k, buckets=int(rng.integers(1, 5)))
     if metrics.n_steps(hist) == 0:
       continue
-    t = metrics.tau(hist)
+    t = metrics.tau_accepted(hist)
     assert t == pytest.approx(1.0 + metrics.per_position_uncond(hist).sum())
     assert 1.0 <= t <= k + 1
 
@@ -54,7 +54,7 @@ def test_iid_acceptance_predicted_tau_matches_measured():
       hist = _iid_hist(rng, alpha, k, 20000)
       a_hat = metrics.alpha_mle(hist)
       assert a_hat == pytest.approx(alpha, abs=0.02)
-      assert metrics.predicted_tau(a_hat, k) == pytest.approx(metrics.tau(hist), rel=0.02)
+      assert metrics.predicted_tau(a_hat, k) == pytest.approx(metrics.tau_accepted(hist), rel=0.02)
       # The conditional curve is flat at alpha under i.i.d. acceptance, where well observed.
       cond = metrics.per_position_cond(hist)
       reached = np.cumsum(hist[::-1])[::-1][:-1]
@@ -79,7 +79,7 @@ def test_predicted_tau_leviathan_table1():
 
 def test_no_steps_is_nan_not_zero():
   hist = np.zeros((3, 5), dtype=int)
-  assert math.isnan(metrics.tau(hist))
+  assert math.isnan(metrics.tau_accepted(hist)) and math.isnan(metrics.tau(0, 0))
   assert np.isnan(metrics.per_position_uncond(hist)).all()
   assert np.isnan(metrics.per_position_cond(hist)).all()
   assert math.isnan(metrics.alpha_mle(hist))
@@ -89,32 +89,51 @@ def test_no_steps_is_nan_not_zero():
 
 def test_k0_baseline():
   hist = np.array([[7], [3]])
-  assert metrics.tau(hist) == 1.0
+  assert metrics.tau_accepted(hist) == 1.0
   assert metrics.per_position_uncond(hist).shape == (0,)
   assert math.isnan(metrics.acceptance_rate_from_hist(hist))
-  s = metrics.hist_summary(hist)
+  s = metrics.acceptance_summary(hist, 0 * hist, np.array([7, 3]))
   assert s["tau"] == 1.0 and s["steps"] == 10 and s["proposed"] == 0
   assert math.isnan(s["predicted_tau"])
 
 
 def test_all_accepted():
   hist = np.array([0, 0, 0, 9])
-  assert metrics.tau(hist) == 4.0
+  assert metrics.tau_accepted(hist) == 4.0
   assert metrics.alpha_mle(hist) == 1.0
   assert metrics.predicted_tau(1.0, 3) == 4.0
   np.testing.assert_array_equal(metrics.per_position_cond(hist), [1, 1, 1])
 
 
-def test_hist_summary_counts():
-  hist = np.array([[2, 1, 0], [0, 3, 4]])  # 10 steps, k = 2
-  s = metrics.hist_summary(hist)
-  assert s["steps"] == 10
+def test_acceptance_summary_counts():
+  hist = np.array([[2, 1, 0], [0, 3, 4]])  # 10 steps, k = 2, none cut
+  emitted = np.array([2 * 1 + 1 * 2, 3 * 2 + 4 * 3])
+  s = metrics.acceptance_summary(hist, 0 * hist, emitted)
+  assert s["steps"] == 10 and s["censored"] == 0 and s["emitted"] == 22
   assert s["accepted"] == 1 + 3 + 8
   assert s["proposed"] == 20
   assert s["acceptance_rate"] == pytest.approx(12 / 20)
-  assert s["tau"] == pytest.approx(1 + 12 / 10)
+  assert s["tau"] == s["tau_accepted"] == pytest.approx(1 + 12 / 10)
   np.testing.assert_allclose(s["per_position_uncond"], [8 / 10, 4 / 10])
   np.testing.assert_allclose(s["per_position_cond"], [8 / 10, 4 / 8])
+
+
+def test_acceptance_summary_censored_step_by_hand():
+  # k = 4, one bucket, 3 steps: accepted 4, 2 and 3 drafts; the last step (3 accepted, so 4
+  # tokens on offer) was cut by the budget to 1 token. Emitted: 5 + 3 + 1 = 9.
+  hist = np.array([[0, 0, 1, 1, 1]])
+  censored = np.array([[0, 0, 0, 1, 0]])
+  s = metrics.acceptance_summary(hist, censored, np.array([9]))
+  assert s["steps"] == 3 and s["censored"] == 1 and s["emitted"] == 9
+  assert s["tau"] == pytest.approx(9 / 3)
+  assert s["tau_accepted"] == pytest.approx(1 + (4 + 2 + 3) / 3)  # 4.0: what the verifier took
+  assert s["acceptance_rate"] == pytest.approx(9 / 12)  # the cut step's verdicts count in full
+  # alpha: S = 9 accepted, F = 2 steps that hit a rejection (2 and 3 accepted of 4).
+  assert s["alpha"] == pytest.approx(9 / 11)
+  assert s["predicted_tau"] == pytest.approx(metrics.predicted_tau(9 / 11, 4))
+  assert s["tau_by_bucket"] == [pytest.approx(3.0)]
+  with pytest.raises(ValueError, match="censored_hist counts more"):
+    metrics.acceptance_summary(censored, hist, np.array([9]))
 
 
 def test_ctx_bucket_edges():
@@ -133,15 +152,6 @@ def test_ctx_bucket_under_jax():
   jnp = pytest.importorskip("jax.numpy")
   lengths = jnp.array([0, 256, 3000])
   np.testing.assert_array_equal(np.asarray(metrics.ctx_bucket(lengths, xp=jnp)), [0, 1, 4])
-
-
-def test_by_bucket():
-  hist = np.array([[1, 1], [0, 0], [0, 2]])
-  rows = metrics.by_bucket(hist, (0, 10, 20, math.inf))
-  assert [r["steps"] for r in rows] == [2, 0, 2]
-  assert rows[0]["tau"] == 1.5 and math.isnan(rows[1]["tau"]) and rows[2]["tau"] == 2.0
-  with pytest.raises(ValueError):
-    metrics.by_bucket(hist, (0, math.inf))
 
 
 def test_merge_hists_shape_check():
@@ -197,7 +207,7 @@ def test_speedups_and_spread():
   assert metrics.leg_spread([])["n"] == 0
 
 
-def test_hist_summary_tau_by_bucket():
-  s = metrics.hist_summary(np.array([[1, 1], [0, 0]]))
+def test_acceptance_summary_tau_by_bucket():
+  hist = np.array([[1, 1], [0, 0]])
+  s = metrics.acceptance_summary(hist, 0 * hist, np.array([3, 0]))
   assert s["tau_by_bucket"][0] == 1.5 and math.isnan(s["tau_by_bucket"][1])
-  assert "tau_by_bucket" not in metrics.hist_summary(np.array([1, 1]))

@@ -110,3 +110,27 @@ def test_kernel_benchmarks_run_their_chains_without_concurrent_regions():
   lines = p.stdout.splitlines()
   assert lines[1].split() == ["--xla_dump_to=/tmp/x", FLAG.replace("true", "false")]
   assert lines[2].startswith("refused: a kernel benchmark needs XLA_FLAGS without concurrent")
+
+
+def _cache_dir_in_child(tmp_path, **env) -> str:
+  code = (
+    "import jax, json; from specdec import xla_env; d = xla_env.enable_compile_cache(); "
+    "jax.jit(lambda x: x + 1)(1.0).block_until_ready(); "
+    "print(json.dumps([d, jax.config.jax_compilation_cache_dir]))"
+  )
+  base = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  base |= {"XDG_CACHE_HOME": str(tmp_path), "JAX_PLATFORMS": "cpu", **env}
+  out = subprocess.run(
+    [sys.executable, "-c", code], env=base, cwd=ROOT, capture_output=True, text=True, check=True
+  )
+  return out.stdout.strip().splitlines()[-1]
+
+
+def test_the_persistent_compile_cache_defaults_to_the_user_cache_dir(tmp_path):
+  want = str(tmp_path / "specdec" / "jax")
+  env = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  assert _cache_dir_in_child(tmp_path, **env) == f'["{want}", "{want}"]'
+  assert any((tmp_path / "specdec" / "jax").iterdir())  # the executable was written there
+  assert _cache_dir_in_child(tmp_path, SPECDEC_COMPILE_CACHE="off") == "[null, null]"
+  mine = tmp_path / "mine"
+  assert _cache_dir_in_child(tmp_path, SPECDEC_COMPILE_CACHE=str(mine)) == f'["{mine}", "{mine}"]'

@@ -264,7 +264,7 @@ class LegResult:
   requests: list  # metrics.Request per prompt, in issue order (request 0 = warm-up)
   tokens: list  # generated ids per prompt
   forwards: list  # target forwards per request, the prefill included; None where not counted
-  hist: np.ndarray | None = None  # specdec's accepted-count histogram, summed over requests
+  counts: dict | None = None  # specdec's acceptance counts (metrics.COUNTS), summed over requests
   compiled: bool | None = None  # transformers compiled its forward (its static-cache path)
 
 
@@ -273,7 +273,7 @@ def specdec_leg(
 ) -> LegResult:
   """One `generate` per prompt (B = 1), timed the way the sweep times a request."""
   res = LegResult([], [], [])
-  hists = []
+  counts = []
   for ids in prompts:
     g = generate(
       model, [ids], max_new_tokens=max_new, drafter=drafter, k=k, acceptance=acceptance,
@@ -286,8 +286,8 @@ def specdec_leg(
     )
     res.tokens.append(g.tokens[0])
     res.forwards.append(s["rows"]["steps"][0] + 1)
-    hists.append(np.asarray(s["accept_hist"]))
-  res.hist = np.sum(hists, axis=0)
+    counts.append({name: np.asarray(s[name]) for name in metrics.COUNTS})
+  res.counts = {name: np.sum([c[name] for c in counts], axis=0) for name in metrics.COUNTS}
   return res
 
 
@@ -379,8 +379,9 @@ def leg_row(arm: Arm, leg: int, res: LegResult, cond: dict, outputs: dict) -> di
       **cond.get("extra", {}),
     },
   }
-  if res.hist is not None:
-    row.update(metrics.hist_summary(res.hist), accept_hist=res.hist.tolist())
+  if res.counts is not None:
+    row.update(metrics.acceptance_summary(*(res.counts[name] for name in metrics.COUNTS)))
+    row.update({name: res.counts[name].tolist() for name in metrics.COUNTS})
     row["ctx_edges"] = [None if math.isinf(e) else e for e in metrics.DEFAULT_CTX_EDGES]
   return row
 

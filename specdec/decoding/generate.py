@@ -1,22 +1,30 @@
-"""`specdec.generate`: validate on the host, prefill once, then run on-device chunks until done."""
+"""`specdec.generate`: validate on the host, prefill once, then run on-device chunks until done.
+
+The host syncs once after the prefill (its time is the TTFT) and once after each chunk of up to
+CHUNK_STEPS steps; the device stops a chunk when every row is done, so every arm, drafted or not,
+runs the same pattern: host_syncs <= ceil(loop_steps / CHUNK_STEPS) + 1.
+"""
 
 import dataclasses
+import logging
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import metrics
+from specdec import metrics, xla_env
 from specdec.decoding import memory
 from specdec.decoding.accept import Mode, validate_mode
+from specdec.decoding.compiles import CompileCounter
 from specdec.decoding.step import PREFILL_CHUNK, StepConfig, decode_chunk, prefill
 from specdec.drafters.null import null
 from specdec.ops.kv_cache import check_kv_dtype
 from specdec.ops.sampling import Sampling
 
-CHUNK_SIZES = (16, 1)  # static trip counts; the host picks one per chunk (two compiles)
+CHUNK_STEPS = 64  # most steps between two host looks (the device stops early when all are done)
 MIN_BUCKET = 16
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -55,14 +63,6 @@ def _prompt_ids(model, prompts) -> list[list[int]]:
     if max(p) >= model.config.vocab_size or min(p) < 0:
       raise ValueError(f"prompt {i} has token ids outside [0, {model.config.vocab_size})")
   return ids
-
-
-def _chunk(st, k: int) -> int:
-  """The largest static chunk that cannot overshoot: a row needs >= ceil(rem / (k+1)) steps."""
-  rem = np.asarray(st.max_new - (st.lengths - st.prompt_lengths))
-  active = ~np.asarray(st.done)
-  bound = int(np.max(-(-rem[active] // (k + 1)))) if active.any() else 1
-  return next(c for c in CHUNK_SIZES if c <= max(bound, 1))
 
 
 def generate(
@@ -132,33 +132,46 @@ def generate(
     model.config, model.dtype, drafter, k, sampling, mode, eos, kv_dtype, prefill_chunk
   )
 
+  xla_env.enable_compile_cache()
   t0 = time.perf_counter()
-  st = prefill(
-    model.params,
-    drafter.params,
-    jnp.asarray(prompt_BT),
-    lengths_B,
-    max_new_B,
-    jax.random.key(seed),
-    sc,
-    slots,
-  )
-  st.done.block_until_ready()
-  t1 = time.perf_counter()
-  finish_s = np.full(B, np.nan)
-  chunks = 0
-  while True:
+  with CompileCounter() as built:
+    st = prefill(
+      model.params,
+      drafter.params,
+      jnp.asarray(prompt_BT),
+      lengths_B,
+      max_new_B,
+      jax.random.key(seed),
+      sc,
+      slots,
+    )
     done = np.asarray(st.done)
-    finish_s[done & np.isnan(finish_s)] = time.perf_counter() - t0
-    if done.all():
-      break
-    st = decode_chunk(model.params, drafter.params, st, sc, _chunk(st, k))
-    chunks += 1
-  t2 = time.perf_counter()
+    t1 = time.perf_counter()
+    host_syncs = 1
+    while not done.all():
+      st = decode_chunk(model.params, drafter.params, st, sc, CHUNK_STEPS)
+      done = np.asarray(st.done)
+      host_syncs += 1
+    t2 = time.perf_counter()
+  if built.count:
+    log.info(
+      "specdec.generate compiled %d executable(s) in %.1f s (prefill of a %d-token bucket and "
+      "the %s k=%d step at batch %d, %d slots); later calls of these shapes reuse them",
+      built.count, built.seconds, bucket, drafter.name, k, B, slots,
+    )  # fmt: skip
 
   tokens_np, lengths_np = np.asarray(st.tokens), np.asarray(st.lengths)
   out = [tokens_np[i, len(p) : lengths_np[i]].tolist() for i, p in enumerate(ids)]
-  hist = np.asarray(st.accept_hist)
+  counts = {
+    name: np.asarray(getattr(st, name))
+    for name in ("steps", "proposed", "accepted", "accept_hist", "censored_hist")
+  } | {"emitted_by_bucket": np.asarray(st.emitted_by_bucket)}
+  steps_B = counts["steps"]
+  loop_steps = int(steps_B.max())
+  # Every step costs the batch the same (fixed shapes), so a row that stopped after steps_B[i] of
+  # the loop's loop_steps steps finished that share of the way through the decode wall time.
+  share_B = steps_B / loop_steps if loop_steps else np.zeros(B)
+  finish_s = (t1 - t0) + (t2 - t1) * share_B
   stats = {
     "method": drafter.name,
     "k": k,
@@ -166,19 +179,25 @@ def generate(
     "batch": B,
     "prompt_tokens": [len(p) for p in ids],
     "tokens_out": [len(o) for o in out],
-    # Per-sequence counters; the top-level acceptance fields aggregate them over rows.
-    "rows": {
-      "steps": np.asarray(st.steps).tolist(),
-      "proposed": np.asarray(st.proposed).tolist(),
-      "accepted": np.asarray(st.accepted).tolist(),
-      "accept_hist": hist.tolist(),
-    },
-    "accept_hist": hist.sum(0).tolist(),
+    # Per-sequence counters; the top-level acceptance fields pool them over rows.
+    "rows": {name: v.tolist() for name, v in counts.items()}
+    | {"emitted": counts["emitted_by_bucket"].sum(-1).tolist()},
+    **metrics.acceptance_summary(
+      counts["accept_hist"].sum(0),
+      counts["censored_hist"].sum(0),
+      counts["emitted_by_bucket"].sum(0),
+    ),  # fmt: skip
+    "accept_hist": counts["accept_hist"].sum(0).tolist(),
+    "censored_hist": counts["censored_hist"].sum(0).tolist(),
+    "emitted_by_bucket": counts["emitted_by_bucket"].sum(0).tolist(),
     "start_s": t0,  # host perf_counter when generate began; finish_s counts from it
     "prefill_s": t1 - t0,
     "decode_s": t2 - t1,
     "finish_s": finish_s.tolist(),
-    "chunks": chunks,
-    **metrics.hist_summary(hist.sum(0)),
+    "loop_steps": loop_steps,
+    "host_syncs": host_syncs,
+    "chunk_steps": CHUNK_STEPS,
+    "compiles": built.count,
+    "compile_s": built.seconds,
   }
   return Generation(tokens=out, texts=[model.decode(o) for o in out], stats=stats)

@@ -34,6 +34,8 @@ class DecodeState:
   proposed: jax.Array  # [B]
   accepted: jax.Array  # [B]
   accept_hist: jax.Array  # [B, n_buckets, k+1]: steps by accepted count and context bucket
+  censored_hist: jax.Array  # [B, n_buckets, k+1]: those of them whose emission a cut shortened
+  emitted_by_bucket: jax.Array  # [B, n_buckets]: tokens the steps emitted (metrics: tau)
 
   @property
   def generated(self):
@@ -47,4 +49,6 @@ def counters(B: int, k: int) -> dict:
     proposed=z,
     accepted=z,
     accept_hist=jnp.zeros((B, metrics.n_ctx_buckets(), k + 1), jnp.int32),
+    censored_hist=jnp.zeros((B, metrics.n_ctx_buckets(), k + 1), jnp.int32),
+    emitted_by_bucket=jnp.zeros((B, metrics.n_ctx_buckets()), jnp.int32),
   )

@@ -1,13 +1,14 @@
-"""Prefill and the draft -> verify -> accept -> commit step, run in fixed-trip-count chunks.
+"""Prefill and the draft -> verify -> accept -> commit step, run in on-device chunks.
 
 The invariant everything here relies on: in the token buffer and in every KV cache, slots at or
 past a row's `lengths` are stale. They are masked when read and overwritten when the row grows,
 so rejecting drafts never copies or clears anything: rollback is a shorter length.
 
-`step` is one jitted, fixed-shape function per `StepConfig` (B, k, S, drafter, sampling, mode):
-nothing in it depends on a Python value that changes between steps, and nothing leaves the device
-inside a chunk. Its four phases run under `jax.named_scope`s of the same names, so a profile
-attributes each kernel to draft, verify, accept or commit. See docs/design.md, "The step".
+`step` is one fixed-shape function per `StepConfig` (B, k, S, drafter, sampling, mode): nothing in
+it depends on a Python value that changes between steps, and nothing leaves the device inside a
+chunk (`decode_chunk` loops on the device until every row is done). Its four phases run under
+`jax.named_scope`s of the same names, so a profile attributes each kernel to draft, verify,
+accept or commit. See docs/design.md, "The step".
 
 Shapes (docs/design.md, "Shape letters"): B rows, S slots, T tokens of a forward (the prompt
 bucket at prefill, k+1 at verify), J = k draft positions, C prefill slice, P positions whose
@@ -172,7 +173,11 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
     lengths = st.lengths + n_emit_B
     done = st.done | eos_B | (lengths - st.prompt_lengths >= st.max_new)
     one_B = (~st.done).astype(jnp.int32)
-    hist = st.accept_hist.at[b_B, ctx_bucket(st.lengths), n_acc_B].add(one_B)
+    bucket_B = ctx_bucket(st.lengths)
+    cut_B = one_B * (n_emit_B < n_acc_B + 1)  # the budget or an EOS shortened this emission
+    hist = st.accept_hist.at[b_B, bucket_B, n_acc_B].add(one_B)
+    censored = st.censored_hist.at[b_B, bucket_B, n_acc_B].add(cut_B)
+    emitted = st.emitted_by_bucket.at[b_B, bucket_B].add(n_emit_B)
     draft = sc.drafter.commit(draft_params, draft, Context(tokens, lengths), n_acc_B, out)
     return st.replace(
       tokens=tokens,
@@ -185,10 +190,26 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
       proposed=st.proposed + one_B * k,
       accepted=st.accepted + one_B * n_acc_B,
       accept_hist=hist,
+      censored_hist=censored,
+      emitted_by_bucket=emitted,
     )
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "n_steps"), donate_argnames=("st",))
 def decode_chunk(params, draft_params, st: DecodeState, sc: StepConfig, n_steps: int):
-  """n_steps steps in one on-device loop with a static trip count (no host sync per step)."""
-  return jax.lax.fori_loop(0, n_steps, lambda _, s: step(params, draft_params, s, sc), st)
+  """Up to n_steps steps in one on-device loop that stops once every row is done.
+
+  The stop is decided on the device (a `while_loop` on `done`), so the host looks only between
+  chunks, whatever the arm: a chunk never overshoots a budget and never waits on the host per
+  step. Rows already done inside a running batch are masked no-ops (see `step`).
+  """
+
+  def running(carry):
+    i, s = carry
+    return (i < n_steps) & ~jnp.all(s.done)
+
+  def one(carry):
+    i, s = carry
+    return i + 1, step(params, draft_params, s, sc)
+
+  return jax.lax.while_loop(running, one, (jnp.int32(0), st))[1]

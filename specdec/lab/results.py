@@ -71,19 +71,26 @@ ROW_FIELDS: dict[str, Field] = {
   "attention": _F("str", False, "auto: the Mosaic GPU attention kernel where it applies | xla"),
   "xla_flags": _F("str", False, "XLA_FLAGS of the process, specdec's defaults included"),
   "timestamp": _F("str", True, "ISO 8601 UTC time the row was written"),
-  # Acceptance, all from the histogram (specdec.metrics).
-  "steps": _F("int", False, "verify steps (target forwards) counted"),
+  # Acceptance, from the loop's counts (specdec.metrics.acceptance_summary).
+  "steps": _F("int", False, "verify steps (target forwards after the prefill) counted"),
+  "emitted": _F("int", False, "tokens those steps emitted (the prefill's first token not)"),
+  "censored": _F("int", False, "steps whose emission the budget or an EOS cut short"),
   "proposed": _F("int", False, "draft tokens proposed"),
   "accepted": _F("int", False, "draft tokens accepted"),
   "accept_hist": _F("list", False, "[n_ctx_buckets][k+1] steps by accepted count, per ctx bucket"),
+  "censored_hist": _F("list", False, "[n_ctx_buckets][k+1] the censored steps among accept_hist"),
+  "emitted_by_bucket": _F("list", False, "[n_ctx_buckets] tokens emitted by each bucket's steps"),
   "ctx_edges": _F("list", False, "bucket edges of accept_hist; null stands for +inf"),
-  "tau": _F("float", False, "mean tokens per target forward incl. bonus, in [1, k+1]"),
+  "tau": _F("float", False, "emitted / steps: tokens per target forward incl. bonus, in [1, k+1]"),
+  "tau_accepted": _F("float", False, "1 + mean accepted drafts per step (the verifier's count)"),
   "acceptance_rate": _F("float", False, "accepted / proposed"),
   "per_position_uncond": _F("list", False, "[k] P(first i+1 drafts all accepted)"),
   "per_position_cond": _F(
     "list", False, "[k] P(draft i accepted | drafts < i accepted); null unseen"
   ),
   "tau_by_bucket": _F("list", False, "[n_ctx_buckets] tau per context bucket; null if empty"),
+  "loop_steps": _F("int", False, "device loop iterations of the timed requests' generate calls"),
+  "host_syncs": _F("int", False, "host round trips of those calls (prefill + one per chunk)"),
   "alpha": _F("float", False, "per-token acceptance, truncated-geometric MLE (metrics.alpha_mle)"),
   "predicted_tau": _F("float", False, "Leviathan (1 - alpha^(k+1)) / (1 - alpha)"),
   # Timing (specdec.metrics.timing_summary); request 0 of the leg is discarded.

@@ -27,7 +27,6 @@ import json
 import math
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -37,6 +36,7 @@ from specdec.checkpoint.zoo import resolve_path
 from specdec.data import workload as workload_lib
 from specdec.decoding import memory
 from specdec.decoding.accept import validate_mode
+from specdec.decoding.compiles import CompileCounter
 from specdec.decoding.generate import cache_slots, check_cache_room, generate, prompt_bucket
 from specdec.drafters import draft_lm, ngram, null
 from specdec.lab import results
@@ -284,19 +284,19 @@ class Runner:
   def _measure(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
     ids = self.prompt_ids(cell.prompt_tokens, leg)
     seed = self.cfg.seed + 1000 * leg
-    requests, hists, outputs = [], [], []
+    requests, counts, outputs = [], [], []
     for g in self._batches(cell, ids, seed):
       start = g.stats["start_s"]
       for n_out, fin in zip(g.stats["tokens_out"], g.stats["finish_s"], strict=True):
         requests.append(metrics.Request(start, start + g.stats["prefill_s"], start + fin, n_out))
-      hists.append(np.asarray(g.stats["accept_hist"]))
+      counts.append({name: np.asarray(g.stats[name]) for name in metrics.COUNTS})
       outputs.extend(g.tokens)
     sha = output_sha(outputs)
     gate, passed = self._gate(cell, leg, sha, baseline_sha)
     if not passed and cell.temperature == 0:
       same = [t for g in self._batches(cell, ids, seed, acceptance="reject") for t in g.tokens]
       gate, passed = "greedy outputs == same-shape baseline (not == no-draft arm)", same == outputs
-    hist = np.sum(hists, axis=0)
+    pooled = {name: np.sum([c[name] for c in counts], axis=0) for name in metrics.COUNTS}
     row = {
       **dataclasses.asdict(cell),
       "workload": self.cfg.workload,
@@ -308,8 +308,8 @@ class Runner:
       "max_new_tokens": self.cfg.max_new_tokens,
       "n_prompts": len(ids),
       **results.environment_fields(),
-      **metrics.hist_summary(hist),
-      "accept_hist": hist.tolist(),
+      **metrics.acceptance_summary(*(pooled[name] for name in metrics.COUNTS)),
+      **{name: v.tolist() for name, v in pooled.items()},
       "ctx_edges": [None if math.isinf(e) else e for e in metrics.DEFAULT_CTX_EDGES],
       **metrics.timing_summary(requests),
       "gate_passed": passed,
@@ -343,29 +343,6 @@ class Runner:
     """The cell's generations over ids, cell.batch prompts at a time."""
     for i in range(0, len(ids), cell.batch):
       yield self._generate(cell, ids[i : i + cell.batch], seed + i, **kw)
-
-
-class CompileCounter:
-  """Counts the XLA executables built while active, and their seconds: a backend compile or a load
-  from the persistent compilation cache (jax times both as one event); a call that finds its
-  executable in memory records nothing. Eager ops count too, once per new shape."""
-
-  EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
-
-  def __init__(self):
-    self.count, self.seconds = 0, 0.0
-
-  def _listen(self, event: str, duration: float, **_) -> None:
-    if event == self.EVENT:
-      self.count += 1
-      self.seconds += duration
-
-  def __enter__(self) -> "CompileCounter":
-    jax.monitoring.register_event_duration_secs_listener(self._listen)
-    return self
-
-  def __exit__(self, *exc) -> None:
-    jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
 def kv_dtype(cell: Cell):

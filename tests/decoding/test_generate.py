@@ -1,14 +1,17 @@
 """The decoding loop: batching, stopping, determinism, sampling transforms, input checks."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specdec
+from specdec.decoding import generate as generate_lib
 from specdec.decoding.generate import cache_slots, prompt_bucket
 from specdec.decoding.step import StepConfig, decode_chunk, prefill
-from specdec.drafters import block, eagle3, mtp, ngram
+from specdec.drafters import block, draft_lm, eagle3, mtp, ngram
 from specdec.ops import sampling as S
 from tests.helpers import tiny_model
 
@@ -129,3 +132,39 @@ def test_a_prompt_prefilled_in_slices_decodes_the_same(name):
   whole, sliced = run(64), run(16)
   assert sliced.tokens == whole.tokens
   assert sliced.stats["accepted"] == whole.stats["accepted"]
+
+
+def test_a_cut_last_step_counts_as_emitted_and_censored(model):
+  # The target as its own draft LM: every draft is accepted. k = 4, 8 new tokens: the prefill
+  # gives token 1, step 1 accepts 4 and emits 5 (tokens 2-6), step 2 accepts 4 but the budget
+  # lets 2 through. tau = 7 emitted / 2 forwards; the verifier's count says 1 + 4.
+  g = specdec.generate(model, [PROMPTS[0]], max_new_tokens=8, drafter=draft_lm(model), k=4)
+  s = g.stats
+  assert len(g.tokens[0]) == 8
+  assert (s["steps"], s["emitted"], s["censored"]) == (2, 7, 1)
+  assert s["tau"] == 3.5 and s["tau_accepted"] == 5.0
+  assert s["acceptance_rate"] == 1.0 and s["accepted"] == 8 and s["proposed"] == 8
+  assert s["rows"]["emitted"] == [7] and s["rows"]["steps"] == [2]
+  assert np.asarray(s["censored_hist"]).sum(0).tolist() == [0, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_the_host_looks_once_per_chunk_whatever_the_arm(model, monkeypatch, k):
+  monkeypatch.setattr(generate_lib, "CHUNK_STEPS", 4)
+  drafter = ngram() if k else None
+  s = specdec.generate(model, PROMPTS, max_new_tokens=20, drafter=drafter, k=k or None).stats
+  assert s["loop_steps"] == max(s["rows"]["steps"])
+  assert s["host_syncs"] == 1 + math.ceil(s["loop_steps"] / 4)  # the prefill, then each chunk
+
+
+def test_a_chunk_stops_on_the_device_when_every_row_is_done(model):
+  # The key advances every iteration, done rows or not: equal keys mean equal iteration counts.
+  sc = StepConfig(model.config, model.dtype, ngram(), 3, S.Sampling(), "greedy", ())
+  prompt = jnp.zeros((2, prompt_bucket(4)), jnp.int32)
+  slots = cache_slots(prompt.shape[1], 16, 3)
+  args = (model.params, (), prompt, jnp.array([4, 2]), jnp.array([5, 5]), jax.random.key(0))
+  short = decode_chunk(model.params, (), prefill(*args, sc, slots), sc, 4)
+  long = decode_chunk(model.params, (), prefill(*args, sc, slots), sc, 64)
+  assert bool(short.done.all()) and int(short.steps.max()) <= 4
+  assert jax.random.key_data(long.key).tolist() == jax.random.key_data(short.key).tolist()
+  assert np.asarray(long.tokens).tolist() == np.asarray(short.tokens).tolist()

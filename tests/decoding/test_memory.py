@@ -8,10 +8,11 @@ from flax.traverse_util import flatten_dict
 
 import specdec
 from specdec.decoding import memory
+from specdec.decoding.compiles import CompileCounter
 from specdec.decoding.memory import DeviceMemory, GiB, MemoryPlanError
 from specdec.drafters import draft_lm, null
 from specdec.lab import driver
-from specdec.lab.sweep import CompileCounter, SweepError
+from specdec.lab.sweep import SweepError
 from specdec.models.config import load_config
 from specdec.models.fuse import fuse_projections, fused_bytes
 from tests.helpers import tiny_config, tiny_model

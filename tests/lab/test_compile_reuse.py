@@ -6,8 +6,8 @@ import os
 import jax
 import numpy as np
 
+from specdec.decoding.compiles import CompileCounter
 from specdec.lab import driver, results
-from specdec.lab.sweep import CompileCounter
 from tests.lab.test_sweep import small_config
 
 
