@@ -21,7 +21,8 @@ import specdec
 from specdec import xla_env
 from specdec.checkpoint.zoo import resolve_path
 from specdec.data import workload
-from specdec.quant.apply import dequantized_twin, quantize_model
+from specdec.models.fuse import quantized
+from specdec.quant.apply import dequantized_twin
 
 _FORMAT = flags.DEFINE_enum("format", "nvfp4", ["nvfp4", "fp8", "exl3_4"], "kernel to check")
 _PROMPTS = flags.DEFINE_integer("prompts", 6, "HumanEval prompts to generate from")
@@ -47,7 +48,7 @@ def main(argv):
   if _CHECKPOINT.value:
     q = specdec.load(_CHECKPOINT.value, dtype=jnp.bfloat16)
   else:
-    q = quantize_model(specdec.load(resolve_path("zoo:target"), dtype=jnp.bfloat16), _FORMAT.value)
+    q = quantized(specdec.load(resolve_path("zoo:target"), dtype=jnp.bfloat16), _FORMAT.value)
   print(f"{_FORMAT.value} target ready in {time.perf_counter() - t0:.1f} s")
   paths = {"kernel": q, "xla": dequantized_twin(q)}
   prompts = [p.text for p in workload.load_humaneval(_HUMANEVAL.value)[: _PROMPTS.value]]

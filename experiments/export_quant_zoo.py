@@ -30,7 +30,7 @@ def export(target, fmt: str, out_dir: str, layout: str) -> dict:
   quantize_s = time.perf_counter() - t0
   path = os.path.join(out_dir, f"target_{fmt}")
   specdec.save(path, q, layout=layout)
-  back = specdec.load(path, dtype=target.dtype)
+  back = specdec.load(path, dtype=target.dtype, fuse_projections=False)
   ids = np.array([target.encode("def fib(n):\n    return")])
   if not np.array_equal(np.asarray(q.logits(ids)), np.asarray(back.logits(ids))):
     raise AssertionError(f"{path}: read back, the logits differ from the quantized model's")
@@ -44,7 +44,7 @@ def main(argv):
   bad = sorted(set(_FORMATS.value) - set(FORMATS))
   if bad:
     raise app.UsageError(f"--formats: unknown {bad}; choose from {FORMATS}")
-  target = specdec.load(resolve_path("zoo:target"), dtype=jnp.bfloat16)
+  target = specdec.load(resolve_path("zoo:target"), dtype=jnp.bfloat16, fuse_projections=False)
   for fmt in _FORMATS.value:
     r = export(target, fmt, _OUT.value, _LAYOUT.value)
     print(f"{r['format']}: {r['path']} {r['mib']:.2f} MiB, quantized in {r['quantize_s']:.1f} s")

@@ -13,7 +13,7 @@ import specdec
 from specdec import xla_env
 from specdec.checkpoint.zoo import resolve_path
 from specdec.lab.zoo_quality import heldout_ppl
-from specdec.quant.apply import quantize_model
+from specdec.models.fuse import quantized
 
 _CORPUS = flags.DEFINE_string("corpus_dir", None, "build_corpus output", required=True)
 _FORMATS = flags.DEFINE_list("formats", ["nvfp4", "fp8", "exl3_4", "exl3_3"], "formats")
@@ -28,7 +28,7 @@ def main(argv):
   print(f"bf16 ppl {base:.4f}")
   for fmt in _FORMATS.value:
     t = time.perf_counter()
-    q = quantize_model(target, fmt)
+    q = quantized(target, fmt)
     took = time.perf_counter() - t
     ppl = heldout_ppl(q, held)
     print(f"{fmt} ppl {ppl:.4f} ({100 * (ppl / base - 1):+.2f}%) quantize {took:.1f} s")

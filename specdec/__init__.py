@@ -1,7 +1,7 @@
 """specdec: speculative decoding research in JAX.
 
 Public API (internals may change):
-  load(path, dtype)            an HF-layout checkpoint -> Model
+  load(path, dtype)            an HF-layout checkpoint -> Model (projections fused)
   generate(model, prompts, ...) greedy / sampled / speculative generation with stats
   drafters                     null(), ngram(min_n, max_n), draft_lm(model), load_* for learned ones
   Model, ModelConfig, Sampling

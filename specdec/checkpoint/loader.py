@@ -24,8 +24,8 @@ from specdec.checkpoint.safetensors_io import (
   read_tensors,
   write_tensors,
 )
+from specdec.models import fuse
 from specdec.models.config import ConfigError, ModelConfig, load_config, to_hf_dict
-from specdec.models.fuse import FUSED_NAMES
 from specdec.models.transformer import KVCache, Transformer
 from specdec.ops.kv_cache import FP8, KV_SCALES
 from specdec.quant import layouts, nvfp4
@@ -262,8 +262,13 @@ def _tied_head(target: str, config: ModelConfig) -> bool:
   return target == "lm_head/kernel" and config.tie_word_embeddings
 
 
-def load(path: str, dtype=jnp.bfloat16):
-  """Loads config.json + safetensors (+ tokenizer.json, generation_config.json) from `path`."""
+def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True):
+  """Loads config.json + safetensors (+ tokenizer.json, generation_config.json) from `path`.
+
+  fuse_projections: q/k/v and gate/up become one matmul each (specdec.models.fuse), joined layer
+  by layer as the separate kernels are released; the decode step is faster that way. False keeps
+  the checkpoint's modules (to save or quantize the model again, or to inspect its params).
+  """
   from specdec.model import Model
 
   if not os.path.isdir(path):
@@ -280,13 +285,14 @@ def load(path: str, dtype=jnp.bfloat16):
   config = config.replace(eos_token_ids=_eos_ids(path, config))
   if kv_missing:
     _warn_missing_kv_scales(path, kv_missing)  # only once the load has succeeded
-  return Model(
+  model = Model(
     config=config,
     params={"params": nvfp4.for_device(params)},
     tokenizer=tokenizer,
     dtype=dtype,
     kv_dtype=FP8 if _declares_fp8_kv(scheme) else None,
   )
+  return fuse.fuse_projections(model, release=True) if fuse_projections else model
 
 
 def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
@@ -302,11 +308,12 @@ def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
   from specdec.quant.nvfp4 import NVFP4Weight
 
   flat = {"/".join(k): v for k, v in flatten_dict(model.params["params"]).items()}
-  fused = sorted({k.rsplit("/", 1)[0] for k in flat if k.split("/")[-2] in FUSED_NAMES})
+  fused = sorted({k.rsplit("/", 1)[0] for k in flat if k.split("/")[-2] in fuse.FUSED_NAMES})
   if fused:
     raise ValueError(
       f"save({path!r}): {fused[0]} (and {len(fused) - 1} more) are fused projections "
-      "(specdec.models.fuse), which no checkpoint layout names; save the model before fusing"
+      "(specdec.models.fuse), which no checkpoint layout names; save the model before fusing "
+      "(specdec.load(..., fuse_projections=False) keeps them separate)"
     )
   os.makedirs(path, exist_ok=True)
   formats, exl3_bits = {}, []

@@ -9,6 +9,7 @@ from specdec.quant import exl3, fp8, nvfp4
 from specdec.quant.base import QuantizedWeight
 
 FORMATS = ("nvfp4", "fp8", "exl3_2", "exl3_3", "exl3_4", "exl3_5", "exl3_6", "exl3_8")
+FUSED = ("qkv_proj", "gate_up_proj")  # specdec.models.fuse's joined modules
 
 
 def quantize_model(model, fmt: str, exclude: tuple[str, ...] = ("lm_head",), seed: int = 0):
@@ -18,6 +19,12 @@ def quantize_model(model, fmt: str, exclude: tuple[str, ...] = ("lm_head",), see
   if fmt not in FORMATS:
     raise ValueError(f"unknown quantization format {fmt!r}; choose one of {FORMATS}")
   flat = flatten_dict(model.params["params"])
+  joined = [k for k in flat if k[-1] == "kernel" and k[-2] in FUSED]
+  if joined:
+    raise ValueError(
+      f"quantize_model: {'/'.join(joined[0][:-1])} is a fused projection; quantize the separate "
+      "ones (specdec.models.fuse.quantized does, or load with fuse_projections=False)"
+    )
   out = {}
   for key, w in flat.items():
     if key[-1] != "kernel" or key[0] in exclude:

@@ -4,7 +4,6 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from flax.traverse_util import flatten_dict
 
 import specdec
 from specdec.decoding import memory
@@ -14,7 +13,6 @@ from specdec.drafters import draft_lm, null
 from specdec.lab import driver
 from specdec.lab.sweep import SweepError
 from specdec.models.config import load_config
-from specdec.models.fuse import fuse_projections, fused_bytes
 from tests.helpers import tiny_config, tiny_model
 from tests.lab.test_sweep import small_config
 
@@ -140,28 +138,3 @@ def test_sweep_refuses_an_oversized_cell_before_running(monkeypatch, tmp_path):
   with pytest.raises(SweepError, match=r"cell null k=0 prompt_tokens=0: .*B=2 x 576 slots"):
     driver.run(small_config(batches=(1, 2)), str(out), progress=False)
   assert not (out / "results.jsonl").exists()
-
-
-@pytest.mark.parametrize("fuse", [True, False])
-def test_sweep_counts_the_fused_copy_it_will_build(monkeypatch, tmp_path, fuse):
-  # Room for B=1 beside the loaded target, but not beside the target and its fused q/k/v, gate/up.
-  target = specdec.load(small_config().target, dtype=jnp.float32)
-  fused = fused_bytes(target)
-  assert fused > 0
-  slot = memory.kv_slot_bytes(target.config, jnp.float32) + 4
-  _fake_device(monkeypatch, target, available=int(576 * slot + fused // 2))
-  out = tmp_path / "run"
-  cfg = small_config(batches=(1,), fuse_projections=fuse)
-  if fuse:
-    with pytest.raises(SweepError, match=r"B=1 x 576 slots.* GiB still to be built"):
-      driver.run(cfg, str(out), progress=False)
-  else:
-    driver.run(cfg, str(out), progress=False)
-    assert (out / "results.jsonl").exists()
-
-
-def test_fused_bytes_are_what_fusing_allocates():
-  model = tiny_model(attention_bias=True)
-  joined = flatten_dict(fuse_projections(model).params["params"])
-  want = sum(v.nbytes for k, v in joined.items() if {"qkv_proj", "gate_up_proj"} & set(k))
-  assert fused_bytes(model) == want > 0
