@@ -20,10 +20,10 @@ def get_config():
   c.dtype = "float32"  # CPU default; bfloat16 on GPU
   c.workload = "humaneval"
   c.chat_template = False  # True: prompts go through the target's chat template (raw otherwise)
-  c.n_prompts = 3  # request 0 of each leg is warm-up
+  c.n_prompts = 3  # the first batch of each (cell, leg) is warm-up: >= 2 x max(batches)
   c.max_new_tokens = 48
   c.legs = 2
-  c.seed = 0
+  c.seed = 0  # base: leg l, sample seed s, prompt i sample with seed + 10**6 s + 1000 l + i
   # Axes: the sweep runs their product (the no-draft arm always, at k = 0).
   c.methods = ("null", "ngram", "draft_lm", "mtp", "eagle3", "block8", "block16")
   c.ks = (1, 2, 4, 8, 12, 16)
@@ -35,6 +35,7 @@ def get_config():
   c.target_formats = ("bf16",)
   c.kv_dtypes = ("model",)
   c.batches = (1,)
+  c.seeds = (0,)  # sampling seeds, an axis of sampled cells (greedy cells run the first only)
   c.ngram = ml_collections.ConfigDict({"min_n": 1, "max_n": 4})
   # Share of the device's memory the params + decode state may fill (vLLM's
   # gpu_memory_utilization); a cell that does not fit is refused before the sweep starts.

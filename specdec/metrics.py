@@ -22,7 +22,7 @@ Conventions (docs/design.md, "Metrics"):
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -311,14 +311,17 @@ def percentiles(values: Sequence[float], qs=(50, 90, 99)) -> list[float]:
   return [float(x) for x in np.percentile(v, qs)]
 
 
-def timing_summary(requests: Sequence[Request], discard_first: int = 1) -> dict:
+def timing_summary(requests: Sequence[Request], discard_first: int) -> dict:
   """The timing fields of a result row for one leg.
 
   The first `discard_first` requests are cold (compilation, caches) and are dropped from every
-  figure (docs/design.md, "Measurement conventions"). The whole-run wall clock then runs from the
-  earliest start to the latest end of the kept requests, which is right for sequential and for
-  concurrent issue alike.
+  figure (docs/design.md, "Measurement conventions"): the whole first batch, so B of them when B
+  requests decode together. The caller states it; there is no default that fits every batch. The
+  whole-run wall clock then runs from the earliest start to the latest end of the kept requests,
+  which is right for sequential and for concurrent issue alike.
   """
+  if discard_first < 0:
+    raise ValueError(f"discard_first must be >= 0, got {discard_first}")
   kept = list(requests)[discard_first:]
   if not kept:
     nan = math.nan
@@ -389,3 +392,89 @@ def leg_spread(values: Sequence[float]) -> dict:
     "max": float(v.max()),
     "rel_half_range": half / abs(mean) if mean != 0 else math.nan,
   }
+
+
+# --- intervals ----------------------------------------------------------------------------------
+
+# Bootstrap confidence intervals over requests: the level and resample count every table and plot
+# states (docs/design.md, "Metrics").
+CI_LEVEL = 0.95
+CI_RESAMPLES = 2000
+
+
+def complete_rows(columns: Sequence) -> list[np.ndarray]:
+  """Equal-length 1-D columns as float64, without the rows that hold a NaN in any column."""
+  cols = [np.asarray(c, dtype=np.float64) for c in columns]
+  if not cols or any(c.ndim != 1 for c in cols) or len({c.size for c in cols}) != 1:
+    raise ValueError(f"need >= 1 equal-length 1-D columns, got shapes {[c.shape for c in cols]}")
+  keep = ~np.any([np.isnan(c) for c in cols], axis=0)
+  return [c[keep] for c in cols]
+
+
+def paired_bootstrap_ci(
+  columns: Sequence,
+  stat: Callable[..., np.ndarray],
+  level: float = CI_LEVEL,
+  resamples: int = CI_RESAMPLES,
+  seed: int = 0,
+) -> tuple[float, float]:
+  """Percentile bootstrap interval (lo, hi) of stat(*columns) over rows (requests).
+
+  Each resample draws n row indices with replacement and takes the same rows of every column, so
+  measurements of one request (or of one prompt under two arms) stay paired. `stat` gets one
+  [resamples, n] array per column and reduces the last axis. Rows with a NaN in any column are
+  dropped first; (NaN, NaN) when none is left, (v, v) for a single row. Resamples whose statistic
+  is undefined (a zero denominator) are left out of the quantiles.
+  """
+  if not 0.0 < level < 1.0:
+    raise ValueError(f"level must be in (0, 1), got {level}")
+  if resamples < 1:
+    raise ValueError(f"resamples must be >= 1, got {resamples}")
+  cols = complete_rows(columns)
+  n = cols[0].size
+  if n == 0:
+    return math.nan, math.nan
+  idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+  with np.errstate(divide="ignore", invalid="ignore"):
+    boot = np.asarray(stat(*(c[idx] for c in cols)), dtype=np.float64)
+  boot = boot[np.isfinite(boot)]
+  if boot.size == 0:
+    return math.nan, math.nan
+  lo, hi = np.quantile(boot, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+  return float(lo), float(hi)
+
+
+def bootstrap_ci(
+  values: Sequence[float],
+  stat: Callable[..., np.ndarray] = np.mean,
+  level: float = CI_LEVEL,
+  resamples: int = CI_RESAMPLES,
+  seed: int = 0,
+) -> tuple[float, float]:
+  """Percentile bootstrap interval of stat(values) over requests; stat takes `axis` (np.mean,
+  np.median). NaN values are dropped; (NaN, NaN) for none, (v, v) for one."""
+  return paired_bootstrap_ci([values], lambda x: stat(x, axis=-1), level, resamples, seed)
+
+
+def ratio_of_means(num: Sequence[float], den: Sequence[float]) -> float:
+  """mean(num) / mean(den) over the pairs with neither NaN: the point estimate `paired_ratio_ci`
+  brackets (tau from per-request emitted and steps, speedup from paired per-request tpot)."""
+  a, b = complete_rows([num, den])
+  return math.nan if a.size == 0 or b.sum() == 0 else float(a.sum() / b.sum())
+
+
+def paired_ratio_ci(
+  num: Sequence[float],
+  den: Sequence[float],
+  level: float = CI_LEVEL,
+  resamples: int = CI_RESAMPLES,
+  seed: int = 0,
+) -> tuple[float, float]:
+  """Bootstrap interval of mean(num) / mean(den), pairs (num_i, den_i) resampled jointly.
+
+  For a speedup, num_i and den_i are the baseline's and the arm's tpot of the same prompt and leg:
+  resampling the pair keeps what the prompt costs both arms, so prompt-to-prompt variation cancels.
+  """
+  return paired_bootstrap_ci(
+    [num, den], lambda a, b: a.mean(axis=-1) / b.mean(axis=-1), level, resamples, seed
+  )

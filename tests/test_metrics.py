@@ -179,12 +179,12 @@ def test_tpot_and_rates():
   assert math.isnan(metrics.whole_tok_s(5, 0.0))
 
 
-def test_timing_summary_discards_request0():
+def test_timing_summary_discards_the_first_requests():
   cold = metrics.Request(0.0, 5.0, 6.0, 11)  # compilation: would dominate every figure
   warm = [
     metrics.Request(10.0 + i, 10.0 + i + 0.01 * (i + 1), 10.0 + i + 0.11, 11) for i in range(5)
   ]
-  s = metrics.timing_summary([cold, *warm])
+  s = metrics.timing_summary([cold, *warm], discard_first=1)
   assert s["n_requests_timed"] == 5
   assert s["completion_tokens"] == 55
   assert s["ttft_ms_median"] == pytest.approx(30.0)
@@ -193,8 +193,16 @@ def test_timing_summary_discards_request0():
   assert s["decode_tok_s"] == pytest.approx(1000 / np.mean(tpots))
   assert s["wall_s"] == pytest.approx(4.11)
   assert s["whole_tok_s"] == pytest.approx(55 / 4.11)
-  empty = metrics.timing_summary([cold])
+  empty = metrics.timing_summary([cold], discard_first=1)
   assert empty["n_requests_timed"] == 0 and math.isnan(empty["decode_tok_s"])
+  # A cold batch of 2: both of its requests go, whatever their times.
+  two = metrics.timing_summary([cold, cold, *warm], discard_first=2)
+  assert two["n_requests_timed"] == 5 and two["decode_tok_s"] == s["decode_tok_s"]
+  assert metrics.timing_summary([cold, *warm], discard_first=0)["n_requests_timed"] == 6
+  with pytest.raises(TypeError):
+    metrics.timing_summary([cold, *warm])  # no default: the caller states the warm-up
+  with pytest.raises(ValueError, match="discard_first"):
+    metrics.timing_summary([cold], discard_first=-1)
 
 
 def test_speedups_and_spread():
@@ -211,3 +219,59 @@ def test_acceptance_summary_tau_by_bucket():
   hist = np.array([[1, 1], [0, 0]])
   s = metrics.acceptance_summary(hist, 0 * hist, np.array([3, 0]))
   assert s["tau_by_bucket"][0] == 1.5 and math.isnan(s["tau_by_bucket"][1])
+
+
+def test_bootstrap_ci_covers_the_mean_of_a_known_distribution():
+  rng = np.random.default_rng(1)
+  trials, hits, widths = 200, 0, []
+  for t in range(trials):
+    x = rng.normal(5.0, 2.0, size=60)
+    lo, hi = metrics.bootstrap_ci(x, resamples=400, seed=t)
+    hits += lo <= 5.0 <= hi
+    widths.append(hi - lo)
+  assert 0.88 <= hits / trials <= 0.99  # nominal 0.95; the percentile bootstrap runs a bit low
+  # The normal-theory width, 2 * 1.96 * sd / sqrt(n) = 1.01.
+  assert np.mean(widths) == pytest.approx(2 * 1.96 * 2.0 / np.sqrt(60), rel=0.1)
+  x = rng.normal(size=40)
+  lo95, hi95 = metrics.bootstrap_ci(x)
+  lo50, hi50 = metrics.bootstrap_ci(x, level=0.5)
+  assert lo95 < lo50 < np.mean(x) < hi50 < hi95
+  lo, hi = metrics.bootstrap_ci(x, stat=np.median)
+  assert lo <= np.median(x) <= hi
+  assert (metrics.CI_LEVEL, metrics.CI_RESAMPLES) == (0.95, 2000)
+  with pytest.raises(ValueError, match="level"):
+    metrics.bootstrap_ci(x, level=95)
+
+
+def test_bootstrap_ci_drops_nan_and_handles_degenerate_samples():
+  x = [1.0, 4.0, 2.0, 8.0]
+  assert metrics.bootstrap_ci([1.0, math.nan, 4.0, 2.0, math.nan, 8.0]) == metrics.bootstrap_ci(x)
+  assert all(map(math.isnan, metrics.bootstrap_ci([math.nan, math.nan])))
+  assert all(map(math.isnan, metrics.bootstrap_ci([])))
+  assert metrics.bootstrap_ci([3.5]) == (3.5, 3.5)  # one request: no spread to resample
+  assert metrics.paired_ratio_ci([6.0], [2.0]) == (3.0, 3.0)
+  # A pair with a NaN on either side is dropped as a whole.
+  assert metrics.paired_ratio_ci([2.0, math.nan, 3.0, 5.0], [1.0, 1.0, math.nan, 2.0]) == (
+    metrics.paired_ratio_ci([2.0, 5.0], [1.0, 2.0])
+  )
+  assert metrics.ratio_of_means([2.0, math.nan, 4.0], [1.0, 1.0, 1.0]) == 3.0
+  assert math.isnan(metrics.ratio_of_means([0.0, 0.0], [0.0, 0.0]))
+  assert all(map(math.isnan, metrics.paired_ratio_ci([0.0, 0.0], [0.0, 0.0])))
+  with pytest.raises(ValueError, match="equal-length"):
+    metrics.paired_ratio_ci([1.0, 2.0], [1.0])
+
+
+def test_paired_ratio_ci_contains_the_true_ratio_and_pairing_narrows_it():
+  rng = np.random.default_rng(2)
+  trials, hits = 100, 0
+  for t in range(trials):
+    base = rng.lognormal(3.0, 0.6, size=40)  # per-prompt cost varies a lot
+    arm = base * 0.5 * rng.uniform(0.9, 1.1, size=40)  # the arm halves every prompt's cost
+    lo, hi = metrics.paired_ratio_ci(base, arm, resamples=400, seed=t)
+    hits += lo <= 2.0 <= hi  # E[base] / E[arm] = 1 / (0.5 * E[U(0.9, 1.1)]) = 2
+  assert hits / trials >= 0.88
+  lo, hi = metrics.paired_ratio_ci(base, arm)
+  assert lo <= metrics.ratio_of_means(base, arm) <= hi
+  # Breaking the pairing (another prompt's baseline) leaves the prompt variation in: far wider.
+  lo_u, hi_u = metrics.paired_ratio_ci(rng.permutation(base), arm)
+  assert hi - lo < 0.3 * (hi_u - lo_u)

@@ -360,7 +360,7 @@ def leg_row(arm: Arm, leg: int, res: LegResult, cond: dict, outputs: dict) -> di
     "max_new_tokens": cond["max_new_tokens"],
     "n_prompts": len(ids),
     **results.environment_fields(),
-    **metrics.timing_summary(res.requests),
+    **metrics.timing_summary(res.requests, discard_first=1),  # B = 1: request 0 compiles
     "gate_passed": bool(passed),
     "gate": gate,
     "extra": {

@@ -57,7 +57,8 @@ ROW_FIELDS: dict[str, Field] = {
   "target_format": _F("str", True, "target weight format: bf16 | fp8 | nvfp4 | exl3"),
   "kv_dtype": _F("str", True, "KV cache dtype"),
   "batch": _F("int", True, "sequences decoded together (concurrency)"),
-  "seed": _F("int", True, "PRNG seed of the leg"),
+  "sample_seed": _F("int", False, "entry of config.seeds (sampled cells; greedy: the first)"),
+  "seed": _F("int", True, "PRNG seed of the leg (its batch at prompt i uses seed + i)"),
   "leg": _F("int", True, "leg index; arms run interleaved A, B, A, B and leg l of every arm pairs"),
   "target": _F("str", False, "target checkpoint name or path"),
   "drafter": _F("str", False, "drafter checkpoint name or path"),
@@ -93,7 +94,7 @@ ROW_FIELDS: dict[str, Field] = {
   "host_syncs": _F("int", False, "host round trips of those calls (prefill + one per chunk)"),
   "alpha": _F("float", False, "per-token acceptance, truncated-geometric MLE (metrics.alpha_mle)"),
   "predicted_tau": _F("float", False, "Leviathan (1 - alpha^(k+1)) / (1 - alpha)"),
-  # Timing (specdec.metrics.timing_summary); request 0 of the leg is discarded.
+  # Timing (specdec.metrics.timing_summary); the first batch of the leg is discarded.
   "decode_tok_s": _F("float", False, "decode-only rate, 1000 / mean tpot_ms"),
   "whole_tok_s": _F("float", False, "completion tokens / wall clock of the leg"),
   "tpot_ms_mean": _F("float", False, "mean (latency - ttft) / (n_out - 1)"),
@@ -103,6 +104,12 @@ ROW_FIELDS: dict[str, Field] = {
   "completion_tokens": _F("int", False, "completion tokens of the timed requests"),
   "wall_s": _F("float", False, "wall clock of the timed requests"),
   "n_requests_timed": _F("int", False, "requests in the timing figures"),
+  "requests": _F(
+    "list",
+    False,
+    "per request, in prompt order: n_out, ttft_ms, latency_ms, tpot_ms, steps, emitted, accepted, "
+    "proposed, tau, acceptance_rate, timed (false: the warm-up batch)",
+  ),
   "roofline_pct": _F("float", False, "% of HBM roofline: bytes read per step / measured copy bw"),
   "compiles": _F(
     "int", False, "XLA executables the (cell, leg) built (warm-up, gate and cache loads included)"
@@ -128,6 +135,7 @@ CELL_FIELDS = (
   "target_format",
   "kv_dtype",
   "batch",
+  "sample_seed",
   "seed",
   "target",
   "drafter",

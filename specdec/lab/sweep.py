@@ -2,9 +2,16 @@
 (cell, leg), appended atomically so a killed sweep resumes where it stopped.
 
 Legs: every cell runs once per leg, and a leg visits all cells before the next leg starts (arms
-interleaved A, B, A, B). Within a (cell, leg) the requests run one batch after another; request 0
-is the warm-up (compiles) and is left out of every timing. Leg l substitutes one prompt token by
-repetition l, so a copying drafter cannot draft from memory of the previous leg.
+interleaved A, B, A, B). Within a (cell, leg) the requests run one batch after another; the first
+batch (cell.batch requests, which decode together and share its compiles) is the warm-up and is
+left out of every timing. Leg l substitutes one prompt token by repetition l, so a copying drafter
+cannot draft from memory of the previous leg. Sampled cells also run once per `config.seeds`
+entry (the Cell's sample_seed); greedy cells, which no seed changes, run the first only.
+
+Every row keeps its requests one by one (`requests`: timing, counts, tau and acceptance of each,
+and whether it was timed), so tables can put bootstrap intervals over requests beside the pooled
+figures, and the host round trips of its timed generate calls (`host_syncs`, `loop_steps`; per
+call in extra["calls"]).
 
 The gate: greedy output of every drafted cell must be token-identical to the no-draft arm on the
 same prompts and leg (compared by a hash of the outputs stored in each row); a sampled cell gets a
@@ -68,6 +75,7 @@ class Cell:
   target_format: str
   kv_dtype: str
   batch: int
+  sample_seed: int  # an entry of config.seeds; greedy cells carry the first
 
   @property
   def baseline(self) -> "Cell":
@@ -76,6 +84,15 @@ class Cell:
 
 def _auto(temperature: float) -> str:
   return "greedy" if temperature == 0 else "onehot"
+
+
+LEG_SEED_STRIDE = 1000  # a leg's batches take seeds seed + i, i < n_prompts
+SAMPLE_SEED_STRIDE = 1_000_000
+
+
+def leg_seed(base: int, sample_seed: int, leg: int) -> int:
+  """The seed of a (cell, leg), stored in its row; its batch at prompt i samples with seed + i."""
+  return base + SAMPLE_SEED_STRIDE * sample_seed + LEG_SEED_STRIDE * leg
 
 
 STR_AXES = ("methods", "acceptances", "target_formats", "kv_dtypes")
@@ -88,7 +105,7 @@ def normalize(cfg):
     for name in STR_AXES:
       items = (cfg[name],) if isinstance(cfg[name], str) else cfg[name]
       cfg[name] = tuple(v.strip() for item in items for v in item.split(",") if v.strip())
-    for name in ("ks", "prompt_tokens", "temperatures", "top_ks", "top_ps", "batches"):
+    for name in ("ks", "prompt_tokens", "temperatures", "top_ks", "top_ps", "batches", "seeds"):
       if isinstance(cfg[name], int | float):
         cfg[name] = (cfg[name],)
   return cfg
@@ -104,9 +121,10 @@ def expand(cfg) -> list[Cell]:
       cfg.target_formats, cfg.kv_dtypes, cfg.batches,
     ):  # fmt: skip
       acc = _auto(t) if acc == "auto" or method == "null" else acc
-      cells.append(
-        Cell(method, int(k), int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b))
-      )
+      for s in cfg.seeds if t else cfg.seeds[:1]:
+        cells.append(
+          Cell(method, int(k), int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b), int(s))
+        )
   return list(dict.fromkeys(cells))
 
 
@@ -125,17 +143,31 @@ def validate(
 ) -> None:
   """Every cell's checks before anything compiles; check_cell(cell) adds the ones that need the
   loaded models (Runner.check_memory)."""
-  for name in ("ks", "prompt_tokens", "temperatures", "batches", "methods"):
+  for name in ("ks", "prompt_tokens", "temperatures", "batches", "methods", "seeds"):
     if not len(cfg[name]):
       raise SweepError(f"config.{name} is empty")
+  if len(set(cfg.seeds)) < len(cfg.seeds) or min(cfg.seeds) < 0:
+    raise SweepError(f"config.seeds={tuple(cfg.seeds)}: need distinct seeds >= 0")
   try:
     memory.check_fraction(cfg.memory_fraction)
   except ValueError as e:
     raise SweepError(f"config.memory_fraction: {e}") from e
   if cfg.legs < 2:
     raise SweepError(f"config.legs={cfg.legs}: arms need >= 2 interleaved legs")
-  if cfg.n_prompts < 2:
-    raise SweepError(f"config.n_prompts={cfg.n_prompts}: request 0 is warm-up, need >= 2")
+  if min(cfg.batches) < 1:
+    raise SweepError(f"config.batches={tuple(cfg.batches)}: a batch holds >= 1 request")
+  if cfg.n_prompts < 2 * max(cfg.batches):
+    raise SweepError(
+      f"config.n_prompts={cfg.n_prompts}: the first batch of each (cell, leg) is warm-up, so with "
+      f"config.batches={tuple(cfg.batches)} at least {2 * max(cfg.batches)} prompts are needed "
+      "for one timed batch"
+    )
+  if any(cfg.n_prompts % b for b in cfg.batches):
+    raise SweepError(
+      f"config.n_prompts={cfg.n_prompts} is not a multiple of every batch in "
+      f"config.batches={tuple(cfg.batches)}: a short last batch would compile other shapes "
+      "inside the timed requests"
+    )
   check_methods(cfg)
   for c in cells:
     if c.target_format not in TARGET_FORMATS:
@@ -283,13 +315,15 @@ class Runner:
 
   def _measure(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
     ids = self.prompt_ids(cell.prompt_tokens, leg)
-    seed = self.cfg.seed + 1000 * leg
-    requests, counts, outputs = [], [], []
-    for g in self._batches(cell, ids, seed):
-      start = g.stats["start_s"]
-      for n_out, fin in zip(g.stats["tokens_out"], g.stats["finish_s"], strict=True):
-        requests.append(metrics.Request(start, start + g.stats["prefill_s"], start + fin, n_out))
+    seed = leg_seed(self.cfg.seed, cell.sample_seed, leg)
+    timing, entries, counts, outputs, calls = [], [], [], [], []
+    for b, g in enumerate(self._batches(cell, ids, seed)):
+      timed = b > 0  # the first batch compiles: warm-up
+      reqs, rs = request_entries(g.stats, timed)
+      timing += reqs
+      entries += rs
       counts.append({name: np.asarray(g.stats[name]) for name in metrics.COUNTS})
+      calls.append({"timed": timed, **{name: g.stats[name] for name in CALL_FIELDS}})
       outputs.extend(g.tokens)
     sha = output_sha(outputs)
     gate, passed = self._gate(cell, leg, sha, baseline_sha)
@@ -297,6 +331,7 @@ class Runner:
       same = [t for g in self._batches(cell, ids, seed, acceptance="reject") for t in g.tokens]
       gate, passed = "greedy outputs == same-shape baseline (not == no-draft arm)", same == outputs
     pooled = {name: np.sum([c[name] for c in counts], axis=0) for name in metrics.COUNTS}
+    timed_calls = [c for c in calls if c["timed"]]
     row = {
       **dataclasses.asdict(cell),
       "workload": self.cfg.workload,
@@ -311,7 +346,10 @@ class Runner:
       **metrics.acceptance_summary(*(pooled[name] for name in metrics.COUNTS)),
       **{name: v.tolist() for name, v in pooled.items()},
       "ctx_edges": [None if math.isinf(e) else e for e in metrics.DEFAULT_CTX_EDGES],
-      **metrics.timing_summary(requests),
+      "loop_steps": sum(c["loop_steps"] for c in timed_calls),
+      "host_syncs": sum(c["host_syncs"] for c in timed_calls),
+      **metrics.timing_summary(timing, discard_first=cell.batch),
+      "requests": entries,
       "gate_passed": passed,
       "gate": gate,
       "extra": {
@@ -319,6 +357,8 @@ class Runner:
         "prompt_lengths": [len(p) for p in ids],
         "chat_template": bool(self.cfg.chat_template),
         "fuse_projections": bool(self.cfg.fuse_projections),
+        "chunk_steps": calls[0]["chunk_steps"],
+        "calls": [{k: v for k, v in c.items() if k != "chunk_steps"} for c in calls],
       },
     }
     return row
@@ -343,6 +383,41 @@ class Runner:
     """The cell's generations over ids, cell.batch prompts at a time."""
     for i in range(0, len(ids), cell.batch):
       yield self._generate(cell, ids[i : i + cell.batch], seed + i, **kw)
+
+
+# What a row keeps of each generate call (extra["calls"]; chunk_steps once, in extra).
+CALL_FIELDS = ("loop_steps", "host_syncs", "chunk_steps", "compiles")
+# The per-request counters of generate's stats["rows"] a row's request entries keep.
+REQUEST_COUNTS = ("steps", "emitted", "accepted", "proposed")
+
+
+def request_entries(stats: dict, timed: bool) -> tuple[list[metrics.Request], list[dict]]:
+  """One generate call's requests: host timestamps for metrics.timing_summary, and the row's
+  entries (timing, the loop's counters, per-request tau and acceptance, whether timed)."""
+  start = stats["start_s"]
+  reqs = [
+    metrics.Request(start, start + stats["prefill_s"], start + fin, n_out)
+    for n_out, fin in zip(stats["tokens_out"], stats["finish_s"], strict=True)
+  ]
+  counts = {name: stats["rows"][name] for name in REQUEST_COUNTS}
+  per = metrics.per_request(**counts)
+  tpot = metrics.tpot_ms(
+    [r.latency_ms for r in reqs], [r.ttft_ms for r in reqs], stats["tokens_out"]
+  )
+  entries = [
+    {
+      "n_out": r.n_out,
+      "ttft_ms": r.ttft_ms,
+      "latency_ms": r.latency_ms,
+      "tpot_ms": float(tpot[i]),
+      **{name: int(counts[name][i]) for name in REQUEST_COUNTS},
+      "tau": per["tau"][i],
+      "acceptance_rate": per["acceptance_rate"][i],
+      "timed": timed,
+    }
+    for i, r in enumerate(reqs)
+  ]
+  return reqs, entries
 
 
 def kv_dtype(cell: Cell):
