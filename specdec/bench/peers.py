@@ -48,6 +48,7 @@ from specdec.drafters import draft_lm, ngram, null
 from specdec.lab import results
 from specdec.lab.sweep import DTYPES
 from specdec.models.config import ConfigError, from_hf_dict, to_hf_dict
+from specdec.models.fuse import fuse_projections
 
 PARTS = ("shape", "zoo")
 WORKER = Path(peers_torch.__file__)
@@ -411,6 +412,7 @@ def run_shape(cfg, peer: TorchPeer, sink) -> list[dict]:
   )  # fmt: skip
   model = specdec.Model(config, hashed_params(config, dtype, cfg.seed, s.weight_exp), dtype=dtype)
   check_same_weights(fingerprints(model.params, s.weight_exp), theirs)
+  model = fuse_projections(model, release=True)  # as specdec.load decodes a checkpoint
   V = config.vocab_size
 
   def prompts_of(leg):  # fresh random prompts per leg and request
