@@ -20,7 +20,9 @@ def run(cfg, out_dir: str, progress: bool = True) -> str:
   dtype = sweep.DTYPES.get(cfg.dtype)
   if dtype is None:
     raise SweepError(f"config.dtype: unknown {cfg.dtype!r}; choose from {list(sweep.DTYPES)}")
-  target = specdec.load(resolve_path(cfg.target), dtype=dtype)
+  target = specdec.load(
+    resolve_path(cfg.target), dtype=dtype, fuse_projections=cfg.fuse_projections
+  )
   if target.tokenizer is None:
     raise SweepError(f"config.target={cfg.target!r} has no tokenizer.json to encode prompts")
   sweep.check_methods(cfg)

@@ -27,7 +27,6 @@ build none; a row that did shows a static shape that changes where it should not
 """
 
 import dataclasses
-import functools
 import hashlib
 import itertools
 import json
@@ -47,9 +46,8 @@ from specdec.decoding.compiles import CompileCounter
 from specdec.decoding.generate import cache_slots, check_cache_room, generate, prompt_bucket
 from specdec.drafters import draft_lm, ngram, null
 from specdec.lab import results
-from specdec.models.fuse import fuse_projections, fused_bytes
+from specdec.models.fuse import quantized
 from specdec.ops.sampling import Sampling
-from specdec.quant.apply import quantize_model
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # "bf16" is the target as loaded (in config.dtype); the others quantize its linear layers.
@@ -274,31 +272,22 @@ class Runner:
     return prompt_bucket(max(len(p) for p in self.prompt_ids(prompt_tokens, 0)))
 
   def check_memory(self, cell: Cell) -> None:
-    """generate()'s memory plan for a full batch of the cell, on the target as loaded plus, for a
-    bf16 cell with fused projections, the fused copy that will decode beside it (a quantized
-    target, built later, is smaller but stays resident beside it: generate() checks it then)."""
+    """generate()'s memory plan for a full batch of the cell on the target as loaded (fused at
+    load, so no second copy; a quantized target, built later, is smaller but stays resident
+    beside it: generate() checks it then)."""
     bucket = self.bucket(cell.prompt_tokens)
     slots = cache_slots(bucket, self.cfg.max_new_tokens, cell.k)
-    drafter = self.drafters[cell.method]
-    fused = self.cfg.fuse_projections and cell.target_format == "bf16"
-    extra = self._fused_copy_bytes if fused else 0
     memory.check_fits(
-      self.target, drafter, cell.k, cell.batch, bucket, slots, kv_dtype(cell),
-      self.cfg.memory_fraction, extra_bytes=extra,
+      self.target, self.drafters[cell.method], cell.k, cell.batch, bucket, slots, kv_dtype(cell),
+      self.cfg.memory_fraction,
     )  # fmt: skip
-
-  @functools.cached_property
-  def _fused_copy_bytes(self) -> int:
-    """What fusing the bf16 target allocates beside it (from shapes)."""
-    return fused_bytes(self.target)
 
   def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
     t = cell.temperature if temperature is None else temperature
     name = drafter_name or cell.method
     if cell.target_format not in self._targets:
       fmt = cell.target_format
-      target = self.target if fmt == "bf16" else quantize_model(self.target, fmt)
-      self._targets[fmt] = fuse_projections(target) if self.cfg.fuse_projections else target
+      self._targets[fmt] = self.target if fmt == "bf16" else quantized(self.target, fmt)
     return generate(
       self._targets[cell.target_format], ids, max_new_tokens=self.cfg.max_new_tokens, temperature=t,
       top_k=cell.top_k if t else 0, top_p=cell.top_p if t else 1.0, seed=seed,

@@ -208,8 +208,10 @@ def test_the_decoding_target_has_fused_projections_when_the_config_asks(fuse):
 
   cfg = sweep.normalize(small_config(fuse_projections=fuse))
   cell = next(c for c in sweep.expand(cfg) if c.method == "ngram")
-  runner = sweep.Runner(cfg, specdec.load(TARGET, dtype=sweep.DTYPES[cfg.dtype]), {})
+  target = specdec.load(TARGET, dtype=sweep.DTYPES[cfg.dtype], fuse_projections=fuse)
+  runner = sweep.Runner(cfg, target, {})
   row = runner.run(cell, 0, baseline_sha=None)
+  assert runner._targets[cell.target_format] is target  # decoded as loaded: no second copy
   layer = runner._targets[cell.target_format].params["params"]["layer_0"]
   assert ("qkv_proj" in layer["attn"], "gate_up_proj" in layer["mlp"]) == (fuse, fuse)
   assert "q_proj" not in layer["attn"] if fuse else "q_proj" in layer["attn"]
