@@ -1,7 +1,9 @@
 """PNG plots of the acceptance curves, the draft-budget knee, and tau against context length.
 
 Figures are built on matplotlib's Agg canvas directly (no pyplot), so plotting needs no display,
-changes no global backend, and leaves no open figures behind in a long notebook or sweep.
+changes no global backend, and leaves no open figures behind in a long notebook or sweep. Error
+bars are the series' bootstrap intervals over requests (`*_ci`, tables._xy_series); a point without
+one (rows from before per-request data) is drawn bare.
 """
 
 import math
@@ -15,6 +17,11 @@ from matplotlib.ticker import MaxNLocator
 
 from specdec import metrics
 
+CI_NOTE = (
+  f"bars: {100 * metrics.CI_LEVEL:.0f}% bootstrap CI over requests "
+  f"({metrics.CI_RESAMPLES} resamples)"
+)
+
 
 def _save(fig: Figure, path: str | Path) -> Path:
   path = Path(path)
@@ -22,6 +29,25 @@ def _save(fig: Figure, path: str | Path) -> Path:
   FigureCanvasAgg(fig)
   fig.savefig(path, dpi=150, bbox_inches="tight")
   return path
+
+
+def _yerr(values, cis) -> np.ndarray:
+  """[2, n] distances below and above each value for errorbar; NaN where there is no interval."""
+  v = np.asarray(values, dtype=np.float64)
+  ci = np.asarray(cis, dtype=np.float64).reshape(-1, 2)
+  return np.clip(np.stack([v - ci[:, 0], ci[:, 1] - v]), 0.0, None)
+
+
+def _plot(ax, x, s: Mapping, y: str, **kw):
+  """The series' y against x with its interval as error bars; returns the line."""
+  cis = s.get(f"{y}_ci", [(math.nan, math.nan)] * len(x))
+  return ax.errorbar(x, s[y], yerr=_yerr(s[y], cis), marker="o", capsize=3, **kw).lines[0]
+
+
+def _legend(ax, series: Mapping, y: str) -> None:
+  """The legend, titled with what the error bars are where any series has one."""
+  bars = any(not math.isnan(lo) for s in series.values() for lo, _ in s.get(f"{y}_ci", []))
+  ax.legend(fontsize="small", title=CI_NOTE if bars else None, title_fontsize="small")
 
 
 def per_position(series: Mapping[str, tuple], path: str | Path) -> Path:
@@ -57,7 +83,7 @@ def tau_vs_k(series: Mapping[str, Mapping], path: str | Path, knee_threshold: fl
   axes = fig.subplots(1, 2 if has_speed else 1, squeeze=False)[0]
   for label, s in series.items():
     ks, taus = list(s["k"]), list(s["tau"])
-    (line,) = axes[0].plot(ks, taus, marker="o", label=label)
+    line = _plot(axes[0], ks, s, "tau", label=label)
     measured = [(k, t) for k, t in zip(ks, taus, strict=True) if k > 0 and not math.isnan(t)]
     if len(measured) >= 2:
       knee = metrics.tau_knee(*zip(*measured, strict=True), threshold=knee_threshold)
@@ -74,7 +100,7 @@ def tau_vs_k(series: Mapping[str, Mapping], path: str | Path, knee_threshold: fl
       )
     if has_speed:
       speed = list(s.get("decode_tok_s", [math.nan] * len(ks)))
-      axes[1].plot(ks, speed, marker="o", color=line.get_color(), label=label)
+      _plot(axes[1], ks, {**s, "decode_tok_s": speed}, "decode_tok_s", color=line.get_color())
       if sum(not math.isnan(v) for v in speed) >= 2:
         best = metrics.best_k(ks, speed)
         axes[1].plot(
@@ -89,7 +115,7 @@ def tau_vs_k(series: Mapping[str, Mapping], path: str | Path, knee_threshold: fl
   axes[0].set_xlabel("k (draft tokens per step)")
   axes[0].set_ylabel("τ (tokens per target forward)")
   axes[0].set_title(f"τ vs k (★ knee: next gain < {knee_threshold} τ/token)")
-  axes[0].legend(fontsize="small")
+  _legend(axes[0], series, "tau")
   if has_speed:
     axes[1].set_xlabel("k (draft tokens per step)")
     axes[1].set_ylabel("decode tok/s")
@@ -105,12 +131,12 @@ def tau_vs_context(series: Mapping[str, Mapping], path: str | Path) -> Path:
   fig = Figure(figsize=(5, 4))
   ax = fig.subplots()
   for label, s in series.items():
-    ax.plot(s["prompt_tokens"], s["tau"], marker="o", label=label)
+    _plot(ax, s["prompt_tokens"], s, "tau", label=label)
   if series and all(min(s["prompt_tokens"], default=0) > 0 for s in series.values()):
     ax.set_xscale("log", base=2)
   ax.set_xlabel("prompt tokens")
   ax.set_ylabel("τ (tokens per target forward)")
   ax.set_title("τ vs context length")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize="small")
+  _legend(ax, series, "tau")
   return _save(fig, path)

@@ -1,11 +1,16 @@
 """Paper-style tables from results.jsonl rows: Markdown for the terminal, LaTeX (booktabs) to paste.
 
-Legs are aggregated per cell: scalar metrics are the mean over legs, tok/s columns also show the leg
-spread as "±x%" (half the range over the mean, metrics.leg_spread), and per-position curves come
-from the legs' pooled histograms. Speedup is paired by leg (arms run interleaved, so leg l of a
-method and leg l of the baseline ran side by side), averaged over the shared legs. A speed figure
-whose cell or baseline failed the greedy correctness gate is withheld, never printed
-(docs/design.md, "Measurement conventions").
+A cell's runs are its rows: one per leg and, for a sampled cell, per sample seed (the seeds of a
+cell are pooled, as replicates). Where the rows keep their requests (`requests`), tau and
+acceptance pool every request's counts (tau = sum emitted / sum steps), rates pool the timed
+requests (decode tok/s = 1000 / mean tpot), and each figure carries a bootstrap interval over
+requests (metrics.CI_LEVEL, metrics.CI_RESAMPLES), printed "3.92 [3.71, 4.10]". Speedup pairs each
+timed request with the baseline's request of the same prompt, leg and seed (arms run interleaved,
+so they ran side by side) and resamples the pairs jointly. Rows without requests (older files)
+fall back to the mean over runs, with no interval. tok/s columns also show the spread over runs
+as "±x%" (half the range over the mean, metrics.leg_spread). Per-position curves come from the
+runs' pooled histograms. A speed figure whose cell or baseline failed the greedy correctness gate
+is withheld, never printed (docs/design.md, "Measurement conventions").
 
 Conditions every row of a table shares go in its caption; conditions that vary become block titles,
 so a number is never shown without what it was measured under.
@@ -23,14 +28,16 @@ from specdec.lab.results import CELL_FIELDS
 
 log = logging.getLogger(__name__)
 
-# A cell across legs: the resume key minus the per-leg seed, plus the device (never mix devices).
-AGG_FIELDS = tuple(f for f in CELL_FIELDS if f != "seed") + ("device",)
+# A cell across runs: the resume key minus the per-leg seed and the sample seed (runs of a cell),
+# plus the device (never mix devices).
+AGG_FIELDS = tuple(f for f in CELL_FIELDS if f not in ("seed", "sample_seed")) + ("device",)
 # What a method's cell shares with its baseline cell.
 BASELINE_MATCH = tuple(f for f in AGG_FIELDS if f not in ("method", "k", "acceptance", "drafter"))
 DEFAULT_BASELINE = "null"
 LAYOUTS = ("draft_budget", "per_position", "context", "method_workload", "concurrency")
 WITHHELD = "n/a†"
 GATE_NOTE = "† withheld: the greedy correctness gate failed for this cell or its baseline."
+SPREAD_NOTE = "±x%: half the range over runs"
 
 _SCALARS = (
   "tau",
@@ -45,19 +52,29 @@ _SCALARS = (
 )
 
 
+# Figures pooled over requests, with an interval, where the rows keep their requests.
+_POOLED = ("tau", "acceptance_rate", "decode_tok_s", "whole_tok_s")
+NO_CI = (math.nan, math.nan)
+
+
 @dataclasses.dataclass
 class Cell:
-  """One cell aggregated over its legs."""
+  """One cell aggregated over its runs (legs x sample seeds)."""
 
   conditions: dict
   legs: list[int]
+  seeds: list  # the sample seeds pooled in the cell ([None] for rows from before the axis)
   gate_passed: bool
-  mean: dict[str, float]  # _SCALARS, mean over legs (NaN if no leg has it)
-  spread: dict[str, float]  # rel_half_range of each scalar over legs
-  per_leg: dict[str, dict[int, float]]  # scalar -> {leg: value}
+  mean: dict[str, float]  # _SCALARS: pooled over requests (_POOLED, where kept), else run mean
+  spread: dict[str, float]  # rel_half_range of each scalar over runs
+  per_run: dict[str, dict[tuple, float]]  # scalar -> {(sample_seed, leg): value}
   uncond: np.ndarray
   cond: np.ndarray
+  # (sample_seed, leg, prompt index) -> the row's request entry; empty if any run lacks them.
+  requests: dict[tuple, dict] = dataclasses.field(default_factory=dict)
+  ci: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # _POOLED
   speedup: float = math.nan  # filled by attach_speedups
+  speedup_ci: tuple[float, float] = NO_CI
   speedup_gate: bool = True  # False: cell or baseline failed the gate
 
   @property
@@ -83,34 +100,103 @@ def _num(v) -> float:
 
 
 def aggregate(rows: Iterable[Mapping]) -> list[Cell]:
-  """Group rows by AGG_FIELDS and aggregate their legs, in first-seen order."""
+  """Group rows by AGG_FIELDS and aggregate their runs, in first-seen order."""
   groups: dict[tuple, list[Mapping]] = {}
   for row in rows:
     groups.setdefault(tuple(row.get(f) for f in AGG_FIELDS), []).append(row)
   cells = []
   for key, group in groups.items():
-    # A leg written twice (a cell re-run by hand) counts once, the later row winning, so the
-    # pooled histograms and the leg means agree on what a leg is.
-    by_leg = {r.get("leg", i): r for i, r in enumerate(group)}
-    if len(by_leg) < len(group):
-      log.warning("cell %s: %d duplicate leg rows, keeping the last", key, len(group) - len(by_leg))
-    legs = list(by_leg.values())
-    per_leg = {s: {leg: _num(r.get(s)) for leg, r in by_leg.items()} for s in _SCALARS}
-    spreads = {s: metrics.leg_spread(list(v.values())) for s, v in per_leg.items()}
-    uncond, cond = _pooled_curves(legs)
-    cells.append(
-      Cell(
-        conditions=dict(zip(AGG_FIELDS, key, strict=True)),
-        legs=sorted(per_leg["tau"]),
-        gate_passed=all(bool(r.get("gate_passed")) for r in legs),
-        mean={s: sp["mean"] for s, sp in spreads.items()},
-        spread={s: sp["rel_half_range"] for s, sp in spreads.items()},
-        per_leg=per_leg,
-        uncond=uncond,
-        cond=cond,
-      )
+    # A run written twice (a cell re-run by hand) counts once, the later row winning, so the
+    # pooled histograms and the run means agree on what a run is.
+    by_run = {(r.get("sample_seed"), r.get("leg", i)): r for i, r in enumerate(group)}
+    if len(by_run) < len(group):
+      log.warning("cell %s: %d duplicate run rows, keeping the last", key, len(group) - len(by_run))
+    runs = list(by_run.values())
+    per_run = {s: {run: _num(r.get(s)) for run, r in by_run.items()} for s in _SCALARS}
+    spreads = {s: metrics.leg_spread(list(v.values())) for s, v in per_run.items()}
+    uncond, cond = _pooled_curves(runs)
+    conditions = dict(zip(AGG_FIELDS, key, strict=True))
+    cell = Cell(
+      conditions=conditions,
+      legs=sorted({leg for _, leg in by_run}),
+      seeds=sorted({seed for seed, _ in by_run}, key=str),
+      gate_passed=all(bool(r.get("gate_passed")) for r in runs),
+      mean={s: sp["mean"] for s, sp in spreads.items()},
+      spread={s: sp["rel_half_range"] for s, sp in spreads.items()},
+      per_run=per_run,
+      uncond=uncond,
+      cond=cond,
+      requests=_requests(by_run, conditions.get("batch") or 1),
     )
+    if cell.requests:
+      for name in _POOLED:
+        cell.mean[name], cell.ci[name] = _pooled(name, list(cell.requests.values()))
+    cells.append(cell)
   return cells
+
+
+def _requests(by_run: Mapping[tuple, Mapping], batch: int) -> dict[tuple, dict]:
+  """Every run's request entries keyed (sample_seed, leg, prompt index), each timed entry with
+  `wall_ms`, its share of its batch's wall clock; {} unless every run kept its requests."""
+  if not by_run or not all(isinstance(r.get("requests"), list) for r in by_run.values()):
+    return {}
+  out = {}
+  for (seed, leg), row in by_run.items():
+    entries = [{k: _num(v) if k != "timed" else v for k, v in e.items()} for e in row["requests"]]
+    for start in range(0, len(entries), batch):
+      group = entries[start : start + batch]
+      # Requests of one batch start together; the last one seen done ends the batch's wall clock.
+      wall = max(e["latency_ms"] for e in group)
+      for i, e in enumerate(group, start):
+        out[seed, leg, i] = {**e, "wall_ms": wall / len(group)}
+  return out
+
+
+def _decode_rate(tpot: np.ndarray) -> np.ndarray:
+  return 1000.0 / tpot.mean(axis=-1)
+
+
+def _whole_rate(n_out: np.ndarray, wall_ms: np.ndarray) -> np.ndarray:
+  return 1000.0 * n_out.mean(axis=-1) / wall_ms.mean(axis=-1)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+  return num.mean(axis=-1) / den.mean(axis=-1)
+
+
+# Each pooled figure: the request-entry columns it reads, whether only timed requests count, and
+# the statistic of those columns (reducing the last axis, as metrics.paired_bootstrap_ci asks).
+# tau and acceptance count every request (the warm-up's acceptance is as good as any); rates only
+# the timed ones. Whole-run: tokens over the summed batch wall clocks (host gaps between the
+# batches of a leg left out).
+_STATS = {
+  "tau": (("emitted", "steps"), False, _ratio),
+  "acceptance_rate": (("accepted", "proposed"), False, _ratio),
+  "decode_tok_s": (("tpot_ms",), True, _decode_rate),
+  "whole_tok_s": (("n_out", "wall_ms"), True, _whole_rate),
+}
+
+
+def _columns(name: str, entries: Sequence[Mapping]) -> list[list[float]]:
+  cols, timed_only, _ = _STATS[name]
+  kept = [e for e in entries if e.get("timed") or not timed_only]
+  return [[e[c] for e in kept] for c in cols]
+
+
+def _estimate(columns: Sequence, stat: Callable) -> tuple[float, tuple[float, float]]:
+  """(stat of the whole sample, its bootstrap interval over rows); NaN for an empty sample."""
+  cols = metrics.complete_rows(columns)
+  if cols[0].size == 0:
+    return math.nan, NO_CI
+  with np.errstate(divide="ignore", invalid="ignore"):
+    point = float(stat(*(c[None, :] for c in cols))[0])
+  if not math.isfinite(point):
+    return math.nan, NO_CI
+  return point, metrics.paired_bootstrap_ci(cols, stat)
+
+
+def _pooled(name: str, entries: Sequence[Mapping]) -> tuple[float, tuple[float, float]]:
+  return _estimate(_columns(name, entries), _STATS[name][2])
 
 
 def _pooled_curves(legs: Sequence[Mapping]) -> tuple[np.ndarray, np.ndarray]:
@@ -129,7 +215,8 @@ def _pooled_curves(legs: Sequence[Mapping]) -> tuple[np.ndarray, np.ndarray]:
 def attach_speedups(
   cells: list[Cell], baseline: str = DEFAULT_BASELINE, metric: str = "decode_tok_s"
 ) -> None:
-  """Set each cell's speedup of `metric` over the matching `baseline` cell, paired by leg."""
+  """Set each cell's speedup of `metric` over the matching `baseline` cell: from paired requests
+  with an interval where both keep them, else the mean of the per-run ratios."""
   bases: dict[tuple, list[Cell]] = {}
   for c in cells:
     if c.method == baseline:
@@ -143,13 +230,30 @@ def attach_speedups(
     same = [b for b in candidates if b.conditions["acceptance"] == c.conditions["acceptance"]]
     base = (same or candidates)[0]
     c.speedup_gate = c.gate_passed and base.gate_passed
-    mine, theirs = c.per_leg[metric], base.per_leg[metric]
-    shared = sorted(set(mine) & set(theirs))
-    ratios = [metrics.speedup(mine[leg], theirs[leg]) for leg in shared]
+    if c is base:
+      c.speedup = 1.0  # by definition: no interval to draw
+      continue
+    if c.requests and base.requests:
+      c.speedup, c.speedup_ci = _paired_speedup(c, base, metric)
+      continue
+    mine, theirs = c.per_run[metric], base.per_run[metric]
+    shared = sorted(set(mine) & set(theirs), key=str)
+    ratios = [metrics.speedup(mine[run], theirs[run]) for run in shared]
     ratios = [r for r in ratios if not math.isnan(r)]
     c.speedup = (
       float(np.mean(ratios)) if ratios else metrics.speedup(c.mean[metric], base.mean[metric])
     )
+
+
+def _paired_speedup(c: Cell, base: Cell, metric: str) -> tuple[float, tuple[float, float]]:
+  """rate(cell) / rate(baseline) over the timed requests both ran (same prompt, leg and seed),
+  pairs resampled jointly."""
+  shared = [key for key, e in c.requests.items() if e["timed"] and key in base.requests]
+  names, _, rate = _STATS[metric]
+  m = len(names)
+  mine = _columns(metric, [c.requests[key] for key in shared])
+  theirs = _columns(metric, [base.requests[key] for key in shared])
+  return _estimate([*mine, *theirs], lambda *cols: rate(*cols[:m]) / rate(*cols[m:]))
 
 
 # --- formatting ---------------------------------------------------------------------------------
@@ -159,11 +263,24 @@ def _fmt(v: float, digits: int) -> str:
   return "—" if v is None or math.isnan(v) else f"{v:.{digits}f}"
 
 
+def _with_ci(value: str, ci: tuple[float, float], digits: int) -> str:
+  """`value [lo, hi]`, or the value alone where there is no interval."""
+  lo, hi = ci
+  if value == "—" or math.isnan(lo) or math.isnan(hi):
+    return value
+  return f"{value} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _value(c: Cell, metric: str, digits: int) -> str:
+  """An acceptance figure (tau, acceptance rate) with its interval where the rows allow one."""
+  return _with_ci(_fmt(c.mean[metric], digits), c.ci.get(metric, NO_CI), digits)
+
+
 def _rate(c: Cell, metric: str) -> str:
   if not c.gate_passed:
     return WITHHELD
-  s = _fmt(c.mean[metric], 1)
-  if len(c.legs) > 1 and not math.isnan(c.spread[metric]):
+  s = _with_ci(_fmt(c.mean[metric], 1), c.ci.get(metric, NO_CI), 1)
+  if len(c.per_run[metric]) > 1 and not math.isnan(c.spread[metric]):
     s += f" ±{100 * c.spread[metric]:.1f}%"
   return s
 
@@ -171,7 +288,9 @@ def _rate(c: Cell, metric: str) -> str:
 def _speedup(c: Cell) -> str:
   if not c.speedup_gate:
     return WITHHELD
-  return "—" if math.isnan(c.speedup) else f"{c.speedup:.2f}×"
+  if math.isnan(c.speedup):
+    return "—"
+  return _with_ci(f"{c.speedup:.2f}×", c.speedup_ci, 2)
 
 
 def _cond_str(conds: Mapping) -> str:
@@ -197,6 +316,14 @@ def _caption(constant: Mapping, cells: list[Cell], extra: str = "") -> str:
   legs = sorted({len(c.legs) for c in cells})
   parts = [_cond_str({k: v for k, v in constant.items() if v is not None})]
   parts.append(f"legs per cell: {'/'.join(map(str, legs))}")
+  seeds = sorted({len(c.seeds) for c in cells})
+  if seeds != [1]:
+    parts.append(f"sample seeds per cell (pooled): {'/'.join(map(str, seeds))}")
+  if any(c.ci for c in cells):
+    parts.append(
+      f"[lo, hi]: {100 * metrics.CI_LEVEL:.0f}% bootstrap CI over requests, "
+      f"{metrics.CI_RESAMPLES} resamples"
+    )
   return "; ".join(p for p in (*parts, extra) if p)
 
 
@@ -212,8 +339,8 @@ def draft_budget(cells: list[Cell], knee_threshold: float = 0.1) -> Table:
     rows = [
       [
         str(c.k),
-        _fmt(c.mean["tau"], 2),
-        _fmt(c.mean["acceptance_rate"], 3),
+        _value(c, "tau", 2),
+        _value(c, "acceptance_rate", 3),
         _rate(c, "decode_tok_s"),
         _speedup(c),
       ]
@@ -223,7 +350,7 @@ def draft_budget(cells: list[Cell], knee_threshold: float = 0.1) -> Table:
     notes.append(_knee_note(title, bc, knee_threshold))
   return Table(
     "Draft budget",
-    _caption(constant, cells, "tok/s: decode-only rate"),
+    _caption(constant, cells, f"tok/s: decode-only rate; {SPREAD_NOTE}"),
     ["k", "τ", "acceptance", "decode tok/s", "speedup"],
     out,
     [n for n in notes if n],
@@ -255,7 +382,7 @@ def per_position(cells: list[Cell]) -> Table:
     for c in sorted(bc, key=lambda c: c.k):
       for kind, curve in (("uncond", c.uncond), ("cond", c.cond)):
         vals = [_fmt(v, 3) for v in curve] + [""] * (kmax - len(curve))
-        rows.append([str(c.k), _fmt(c.mean["tau"], 2), kind, *vals])
+        rows.append([str(c.k), _value(c, "tau", 2), kind, *vals])
     out.append((title, rows))
   notes = ["uncond: P(first i+1 drafts all accepted), τ = 1 + Σ uncond; cond: P(i | < i accepted)."]
   return Table(
@@ -275,8 +402,8 @@ def context(cells: list[Cell]) -> Table:
     rows = [
       [
         str(c.conditions["prompt_tokens"]),
-        _fmt(c.mean["tau"], 2),
-        _fmt(c.mean["acceptance_rate"], 3),
+        _value(c, "tau", 2),
+        _value(c, "acceptance_rate", 3),
         _rate(c, "decode_tok_s"),
         _speedup(c),
       ]
@@ -285,7 +412,7 @@ def context(cells: list[Cell]) -> Table:
     out.append((title, rows))
   return Table(
     "Context length",
-    _caption(constant, cells, "tok/s: decode-only rate; speedup vs no draft"),
+    _caption(constant, cells, f"tok/s: decode-only rate; speedup vs no draft; {SPREAD_NOTE}"),
     ["prompt tokens", "τ", "acceptance", "decode tok/s", "speedup"],
     out,
     [],
@@ -313,7 +440,9 @@ def method_workload(cells: list[Cell], baseline: str = DEFAULT_BASELINE) -> Tabl
     out.append((title, rows))
   return Table(
     "Speedup and τ by method and workload",
-    _caption(constant, drafted, "cells: speedup (decode tok/s vs no draft) / τ"),
+    _caption(
+      constant, drafted, "cells: speedup (decode tok/s vs no draft) / τ; Mean: over workloads"
+    ),
     ["method", *workloads, "Mean"],
     out,
     [],
@@ -323,7 +452,7 @@ def method_workload(cells: list[Cell], baseline: str = DEFAULT_BASELINE) -> Tabl
 def _pair(c: Cell | None) -> str:
   if c is None:
     return ""
-  return f"{_speedup(c)}/{_fmt(c.mean['tau'], 2)}"
+  return f"{_speedup(c)}/{_value(c, 'tau', 2)}"
 
 
 def _mean_pair(cs: list[Cell]) -> str:
@@ -360,16 +489,28 @@ def concurrency(cells: list[Cell], baseline: str = DEFAULT_BASELINE) -> Table:
           cols.append(_rate(c, "whole_tok_s"))
         else:
           cols.append(f"{_rate(c, 'whole_tok_s')} ({_speedup(c)})")
-      taus = [c.mean["tau"] for c in per_b.values()]
-      rows.append([label, *cols, _fmt(float(np.nanmean(taus)), 2)])
+      rows.append([label, *cols, _tau_over(list(per_b.values()))])
     out.append((title, rows))
   return Table(
     "Concurrency",
-    _caption(constant, cells, "cells: whole-run tok/s (speedup vs no draft)"),
-    ["method", *[f"c{b}" for b in batches], "avg τ"],
+    _caption(
+      constant,
+      cells,
+      f"cells: whole-run tok/s (speedup vs no draft); τ: over every batch size; {SPREAD_NOTE}",
+    ),
+    ["method", *[f"c{b}" for b in batches], "τ"],
     out,
     [],
   )
+
+
+def _tau_over(cs: list[Cell]) -> str:
+  """tau of every request of the cells together, with its interval; the mean of the cells' taus
+  where some lack requests."""
+  if all(c.requests for c in cs):
+    tau, ci = _pooled("tau", [e for c in cs for e in c.requests.values()])
+    return _with_ci(_fmt(tau, 2), ci, 2)
+  return _fmt(float(np.nanmean([c.mean["tau"] for c in cs])), 2)
 
 
 def build(
@@ -431,6 +572,8 @@ _LATEX_SPECIAL = {
   "Σ": r"$\Sigma$",
   "—": "--",
   "†": r"$^\dagger$",
+  "[": "{[}",
+  "]": "{]}",
   "<": r"$<$",
   ">": r"$>$",
 }
@@ -487,12 +630,13 @@ def per_position_series(cells: list[Cell]) -> dict[str, tuple[np.ndarray, np.nda
 
 
 def tau_vs_k_series(cells: list[Cell]) -> dict[str, dict[str, list]]:
-  """{label: {"k", "tau", "decode_tok_s"}} per method (and other varying conditions), by k."""
+  """{label: {"k", "tau", "decode_tok_s", "tau_ci", "decode_tok_s_ci"}} per method (and other
+  varying conditions), by k; a *_ci entry is (lo, hi), (NaN, NaN) without an interval."""
   return _xy_series(cells, "k", ("tau", "decode_tok_s"))
 
 
 def tau_vs_context_series(cells: list[Cell]) -> dict[str, dict[str, list]]:
-  """{label: {"prompt_tokens", "tau", "acceptance_rate"}} per method and k."""
+  """{label: {"prompt_tokens", "tau", "acceptance_rate", and their *_ci}} per method and k."""
   return _xy_series(cells, "prompt_tokens", ("tau", "acceptance_rate"))
 
 
@@ -500,9 +644,11 @@ def _xy_series(cells: list[Cell], x: str, ys: Sequence[str]) -> dict[str, dict[s
   varying = _varying(cells, [x])
   out: dict[str, dict[str, list]] = {}
   for c in sorted(cells, key=lambda c: c.conditions[x]):
-    s = out.setdefault(_series_label(c, varying), {x: [], **{y: [] for y in ys}})
+    empty = {x: [], **{y: [] for y in ys}, **{f"{y}_ci": [] for y in ys}}
+    s = out.setdefault(_series_label(c, varying), empty)
     s[x].append(c.conditions[x])
     for y in ys:
       ok = y not in ("decode_tok_s", "whole_tok_s") or c.gate_passed
       s[y].append(c.mean[y] if ok else math.nan)
+      s[f"{y}_ci"].append(c.ci.get(y, NO_CI) if ok else NO_CI)
   return out

@@ -9,6 +9,13 @@ from specdec.lab import results, tables
 from tests.helpers import result_row
 
 
+def _acceptance(hist):
+  """The sweep's acceptance fields for steps none of which was cut (tau = tau_accepted)."""
+  hist = np.asarray(hist)
+  emitted = (hist * np.arange(1, hist.shape[-1] + 1)).sum(-1)
+  return metrics.acceptance_summary(hist, 0 * hist, emitted)
+
+
 def _row(method, k, hist, tok_s, leg, **over):
   """A result row whose acceptance fields are derived from `hist` as the sweep would."""
   hist = np.asarray(hist)
@@ -20,7 +27,7 @@ def _row(method, k, hist, tok_s, leg, **over):
     accept_hist=hist,
     decode_tok_s=tok_s,
     whole_tok_s=tok_s * 0.9,
-    **metrics.hist_summary(hist),
+    **_acceptance(hist),
   )
   row.update(over)
   return row
@@ -124,7 +131,7 @@ def test_concurrency_table(tmp_path):
     rows.append(_row("null", 0, [[10]], 100.0, 0, batch=b, whole_tok_s=100.0 * b))
     rows.append(_row("ngram", 2, [[2, 3, 5]], 1.0, 0, batch=b, whole_tok_s=100.0 * b * 2 / b**0.5))
   md, _ = table_main.run(_write(tmp_path, rows), "concurrency")
-  assert "| method | c1 | c2 | c4 | c8 | avg τ |" in md
+  assert "| method | c1 | c2 | c4 | c8 | τ |" in md
   assert "| null (k=0) | 100.0 | 200.0 | 400.0 | 800.0 | 1.00 |" in md
   assert (
     "| ngram (k=2) | 200.0 (2.00×) | 282.8 (1.41×) | 400.0 (1.00×) | 565.7 (0.71×) | 2.30 |" in md
@@ -172,3 +179,150 @@ def test_duplicate_leg_counts_once():
   (cell,) = tables.aggregate(rows)
   assert cell.legs == [0] and cell.mean["tau"] == 1.75
   np.testing.assert_allclose(cell.uncond, [0.75])
+
+
+# --- rows that keep their requests ----------------------------------------------------------------
+
+
+def _entry(tpot, emitted, steps, k, timed=True, n_out=None, latency=None):
+  n_out = emitted + 1 if n_out is None else n_out
+  latency = 10.0 + tpot * (n_out - 1) if latency is None else latency
+  accepted = emitted - steps
+  return {
+    "n_out": n_out, "ttft_ms": 10.0, "latency_ms": latency, "tpot_ms": tpot, "steps": steps,
+    "emitted": emitted, "accepted": accepted, "proposed": k * steps, "tau": emitted / steps,
+    "acceptance_rate": accepted / (k * steps) if k else None, "timed": timed,
+  }  # fmt: skip
+
+
+# Per prompt: the null arm's tpot, and the (emitted, steps) of the ngram k=2 arm. Prompt 0 is the
+# warm-up (compile-slow in leg 0); the costs of prompts 1-3 differ a lot, the ngram arm halves each.
+BASE_TPOT = {0: [900.0, 10.0, 30.0, 60.0], 1: [12.0, 11.0, 33.0, 66.0]}
+COUNTS = {0: [(9, 4), (8, 4), (12, 5), (6, 4)], 1: [(10, 4), (9, 5), (11, 4), (7, 4)]}
+
+
+def _request_rows():
+  rows = []
+  for leg in (0, 1):
+    base, counts = BASE_TPOT[leg], COUNTS[leg]
+    null = [_entry(t, 8, 8, 0, timed=i > 0) for i, t in enumerate(base)]
+    ngram = [
+      _entry(t / 2, e, s, 2, timed=i > 0)
+      for i, (t, (e, s)) in enumerate(zip(base, counts, strict=True))
+    ]
+    for method, k, entries in (("null", 0, null), ("ngram", 2, ngram)):
+      rows.append(_row(method, k, [[10]] if k == 0 else [[2, 3, 5]], 1.0, leg, requests=entries))
+  return rows
+
+
+def test_tables_pool_requests_and_print_bootstrap_intervals(tmp_path):
+  rows = _request_rows()
+  cells = {c.method: c for c in tables.aggregate(rows)}
+  ngram = cells["ngram"]
+  # tau pools every request (the warm-up's counts are as good as any): sum emitted / sum steps.
+  emitted = [e for leg in (0, 1) for e, _ in COUNTS[leg]]
+  steps = [s for leg in (0, 1) for _, s in COUNTS[leg]]
+  assert ngram.mean["tau"] == pytest.approx(sum(emitted) / sum(steps))
+  assert ngram.ci["tau"] == pytest.approx(metrics.paired_ratio_ci(emitted, steps))
+  lo, hi = ngram.ci["tau"]
+  assert lo < ngram.mean["tau"] < hi
+  acc = [e - s for e, s in zip(emitted, steps, strict=True)]
+  assert ngram.mean["acceptance_rate"] == pytest.approx(sum(acc) / (2 * sum(steps)))
+  # Rates pool the timed requests only: the 900 ms warm-up would drag leg 0 to ~7 tok/s.
+  timed = [t for leg in (0, 1) for t in BASE_TPOT[leg][1:]]
+  assert cells["null"].mean["decode_tok_s"] == pytest.approx(1000 / np.mean(timed))
+  # The arm halves every prompt's cost: paired by prompt, the speedup is 2 exactly.
+  tables.attach_speedups(list(cells.values()))
+  assert ngram.speedup == pytest.approx(2.0) and ngram.speedup_ci == pytest.approx((2.0, 2.0))
+
+  md, written = table_main.run(_write(tmp_path, rows), "draft_budget")
+  tau, tau_ci = ngram.mean["tau"], ngram.ci["tau"]
+  assert f"| 2 | {tau:.2f} [{tau_ci[0]:.2f}, {tau_ci[1]:.2f}] | " in md
+  lo, hi = metrics.bootstrap_ci(timed, stat=lambda x, axis: 1000 / np.mean(x, axis=axis))
+  rate = 1000 / np.mean(timed)
+  assert f"| {rate:.1f} [{lo:.1f}, {hi:.1f}] ±" in md.split("**method=null**")[1].split("\n")[4]
+  assert "| 2.00× [2.00, 2.00] |" in md
+  assert "| 0 | 1.00 [1.00, 1.00] | — |" in md and "| 1.00× |" in md  # k = 0, the baseline
+  assert "95% bootstrap CI over requests, 2000 resamples" in md
+  tex = (tmp_path / "table_draft_budget.tex").read_text()
+  assert "95\\% bootstrap CI over requests, 2000 resamples" in tex
+  assert f"{tau:.2f} {{[}}{tau_ci[0]:.2f}, {tau_ci[1]:.2f}{{]}}" in tex
+
+
+def test_every_layout_prints_intervals_and_old_rows_print_values_alone(tmp_path):
+  rows = _request_rows()
+  for layout in ("per_position", "context", "method_workload", "concurrency"):
+    md = tables.to_markdown(tables.build(rows, layout))
+    assert "bootstrap CI over requests" in md, layout
+    if layout in ("context", "method_workload"):  # decode-rate speedups: 2 for every prompt
+      assert "2.00× [2.00, 2.00]" in md, layout
+    if layout == "concurrency":  # whole-run: the arm also emits other token counts
+      assert "(2.06× [" in md
+    assert " [" in md.split("|", 1)[1], layout
+  old = [{k: v for k, v in r.items() if k != "requests"} for r in rows]
+  for layout in tables.LAYOUTS:
+    md = tables.to_markdown(tables.build(old, layout))
+    body = md.split("\n", 3)[3]
+    assert "[" not in body.replace("[0", ""), layout  # no interval anywhere
+    assert "bootstrap" not in md, layout
+  md = tables.to_markdown(tables.build(old, "draft_budget"))
+  assert "| 2 | 2.30 | 0.650 | 1.0 ±0.0% | 1.00× |" in md
+
+
+def test_paired_speedup_needs_the_same_prompt_leg_and_seed():
+  rows = _request_rows()
+  # Shift the arm's requests by one prompt: the pairs now mix prompts of very different cost.
+  for r in rows:
+    if r["method"] == "ngram":
+      r["requests"] = r["requests"][1:] + r["requests"][:1]
+      for i, e in enumerate(r["requests"]):
+        e["timed"] = i > 0
+  cells = tables.aggregate(rows)
+  tables.attach_speedups(cells)
+  ngram = next(c for c in cells if c.method == "ngram")
+  lo, hi = ngram.speedup_ci
+  assert hi - lo > 0.5  # unpaired prompts: the prompts' own variation is in the interval
+
+
+def test_concurrency_whole_run_rate_from_batch_wall_clocks():
+  rows = []
+  for leg in (0, 1):
+    # Batch 2: prompts (0, 1) warm-up, (2, 3) timed; latencies 40 and 50 ms -> the batch's wall
+    # clock is 50 ms, each request's share 25 ms.
+    entries = [
+      _entry(5.0, 8, 8, 0, timed=i >= 2, latency=lat) for i, lat in enumerate([900, 900, 40, 50])
+    ]
+    rows.append(_row("null", 0, [[10]], 1.0, leg, batch=2, requests=entries))
+  (cell,) = tables.aggregate(rows)
+  assert cell.mean["whole_tok_s"] == pytest.approx(1000 * 9 / 25)
+  assert cell.ci["whole_tok_s"] == pytest.approx((360.0, 360.0))
+  md = tables.to_markdown(tables.build(rows, "concurrency"))
+  assert "| null (k=0) | 360.0 [360.0, 360.0] ±0.0% | 1.00 [1.00, 1.00] |" in md
+
+
+def test_sample_seeds_of_a_cell_are_pooled(tmp_path):
+  rows = []
+  for seed in (0, 1):
+    for r in _request_rows():
+      rows.append({**r, "sample_seed": seed, "seed": 1_000_000 * seed + 1000 * r["leg"]})
+  cells = tables.aggregate(rows)
+  assert len(cells) == 2  # null, ngram: the seeds are runs of one cell
+  ngram = next(c for c in cells if c.method == "ngram")
+  assert ngram.seeds == [0, 1] and ngram.legs == [0, 1] and len(ngram.requests) == 16
+  assert len(ngram.per_run["tau"]) == 4
+  md = tables.to_markdown(tables.build(rows, "draft_budget"))
+  assert "sample seeds per cell (pooled): 2" in md and "legs per cell: 2" in md
+
+
+def test_series_carry_intervals_and_plots_draw_them(tmp_path):
+  from specdec.lab import plots
+
+  cells = tables.aggregate(_request_rows())
+  s = tables.tau_vs_k_series(cells)["method=ngram"]
+  ngram = next(c for c in cells if c.method == "ngram")
+  assert s["tau_ci"] == [ngram.ci["tau"]] and s["decode_tok_s_ci"] == [ngram.ci["decode_tok_s"]]
+  with_bars = plots.tau_vs_k(tables.tau_vs_k_series(cells), tmp_path / "a.png").read_bytes()
+  old = tables.aggregate([{k: v for k, v in r.items() if k != "requests"} for r in _request_rows()])
+  assert math.isnan(tables.tau_vs_k_series(old)["method=ngram"]["tau_ci"][0][0])
+  without = plots.tau_vs_k(tables.tau_vs_k_series(old), tmp_path / "b.png").read_bytes()
+  assert with_bars != without
