@@ -456,13 +456,6 @@ def bootstrap_ci(
   return paired_bootstrap_ci([values], lambda x: stat(x, axis=-1), level, resamples, seed)
 
 
-def ratio_of_means(num: Sequence[float], den: Sequence[float]) -> float:
-  """mean(num) / mean(den) over the pairs with neither NaN: the point estimate `paired_ratio_ci`
-  brackets (tau from per-request emitted and steps, speedup from paired per-request tpot)."""
-  a, b = complete_rows([num, den])
-  return math.nan if a.size == 0 or b.sum() == 0 else float(a.sum() / b.sum())
-
-
 def paired_ratio_ci(
   num: Sequence[float],
   den: Sequence[float],

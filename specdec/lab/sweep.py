@@ -346,8 +346,8 @@ class Runner:
         "prompt_lengths": [len(p) for p in ids],
         "chat_template": bool(self.cfg.chat_template),
         "fuse_projections": bool(self.cfg.fuse_projections),
-        "chunk_steps": calls[0]["chunk_steps"],
-        "calls": [{k: v for k, v in c.items() if k != "chunk_steps"} for c in calls],
+        "chunk_steps": g.stats["chunk_steps"],  # generate's CHUNK_STEPS, the same for every call
+        "calls": calls,
       },
     }
     return row
@@ -374,8 +374,8 @@ class Runner:
       yield self._generate(cell, ids[i : i + cell.batch], seed + i, **kw)
 
 
-# What a row keeps of each generate call (extra["calls"]; chunk_steps once, in extra).
-CALL_FIELDS = ("loop_steps", "host_syncs", "chunk_steps", "compiles")
+# What a row keeps of each generate call (extra["calls"]).
+CALL_FIELDS = ("loop_steps", "host_syncs", "compiles")
 # The per-request counters of generate's stats["rows"] a row's request entries keep.
 REQUEST_COUNTS = ("steps", "emitted", "accepted", "proposed")
 
