@@ -152,7 +152,9 @@ def test_leg_row_rates_gate_and_schema():
   bad = peers.leg_row(ARM["hf_assisted"], 0, hf, cond, outputs)
   assert not bad["gate_passed"]
   # A specdec arm carries the acceptance fields of its histogram; a baseline arm has k = 0.
-  ours = peers.LegResult([warm, *timed], [[0], *tokens], [2, 2, 2], hist=np.array([[1, 0, 2]]))
+  hist = np.array([[1, 0, 2]])  # 3 steps accepting 0, 2 and 2 drafts, none cut: 7 tokens
+  counts = dict(accept_hist=hist, censored_hist=0 * hist, emitted_by_bucket=np.array([7]))
+  ours = peers.LegResult([warm, *timed], [[0], *tokens], [2, 2, 2], counts=counts)
   row = peers.leg_row(ARM["null"], 0, ours, _cond(prompts=[[1], [2], [3]]), outputs)
   results.validate_row(results.to_jsonable(row))
   assert row["k"] == 0 and row["gate"] == "baseline (specdec)"

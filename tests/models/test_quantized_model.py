@@ -67,7 +67,8 @@ def test_a_model_in_the_kernel_bit_order_is_the_same_model(dense, monkeypatch, t
   assert (tmp_path / "k" / "model.safetensors").read_bytes() == (
     tmp_path / "q" / "model.safetensors"
   ).read_bytes()
-  loaded = specdec.load(str(tmp_path / "k"), dtype=jnp.float32, fuse_projections=False)  # the patched order again
+  # The patched order again.
+  loaded = specdec.load(str(tmp_path / "k"), dtype=jnp.float32, fuse_projections=False)
   assert loaded.params["params"]["layer_0"]["mlp"]["up_proj"]["kernel"].bit_order == "kernel"
   np.testing.assert_array_equal(np.asarray(loaded.logits(X)), np.asarray(q.logits(X)))
 
