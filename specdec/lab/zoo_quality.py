@@ -57,5 +57,6 @@ def tau_table(target, drafters: dict, ks=(4, 8), temperatures=(0.0, 0.6), n_prom
           top_p=top_p if t else 1.0, drafter=drafter, k=k, seed=0,
         )  # fmt: skip
         rows.append(dict(drafter=name, k=k, temperature=t, tau=g.stats["tau"],
+                         tau_accepted=g.stats["tau_accepted"],
                          acceptance_rate=g.stats["acceptance_rate"]))  # fmt: skip
   return rows
