@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from specdec import xla_env
 from specdec.checkpoint import names
 from specdec.checkpoint.safetensors_io import (
   CheckpointError,
@@ -271,6 +272,7 @@ def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True):
   """
   from specdec.model import Model
 
+  xla_env.enable_compile_cache()  # before the first compile of the process (fusing compiles)
   if not os.path.isdir(path):
     raise CheckpointError(f"{path}: not a directory")
   try:
