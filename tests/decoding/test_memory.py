@@ -136,5 +136,5 @@ def test_sweep_refuses_an_oversized_cell_before_running(monkeypatch, tmp_path):
   _fake_device(monkeypatch, target, available=int(1.5 * 576 * slot))
   out = tmp_path / "run"
   with pytest.raises(SweepError, match=r"cell null k=0 prompt_tokens=0: .*B=2 x 576 slots"):
-    driver.run(small_config(batches=(1, 2)), str(out), progress=False)
+    driver.run(small_config(batches=(1, 2), n_prompts=4), str(out), progress=False)
   assert not (out / "results.jsonl").exists()
