@@ -299,12 +299,13 @@ def tau_vs_context_figure(series: Mapping[str, Mapping]) -> Figure:
   fig, axes, _ = _small_multiples(len(panels), "prompt tokens", "τ", (2.9, 2.6))
   if not axes:
     return fig
+  # Without k in the labels (one k in the sweep) every line is one colour and there is no colorbar.
   ks = [int(own["k"]) for members in panels.values() for _, own in members if "k" in own]
-  colour, mappable = _k_colours(ks)
+  colour, mappable = _k_colours(ks) if ks else ({}, None)
   for ax, (name, members) in zip(axes, panels.items(), strict=True):
     for label, own in members:
       s = series[label]
-      _plot(ax, s["prompt_tokens"], s, "tau", color=colour.get(int(own.get("k", -1)), "C0"))
+      _plot(ax, s["prompt_tokens"], s, "tau", color=colour.get(int(own.get("k", 0)), "C0"))
     ax.set_title(name, fontsize="medium")
   xs = [x for label in labels for x in series[label]["prompt_tokens"]]
   _ticks_at(axes[0], xs, log2=min(xs) > 0)
