@@ -88,10 +88,10 @@ def _group(labels, inner: tuple[str, ...]) -> dict[str, list[tuple[str, dict[str
 
 
 def _small_multiples(n: int, xlabel: str, ylabel: str, size: tuple[float, float]):
-  """(figure, n axes of `size` inches in rows of at most PANELS_PER_ROW, sharing both axes, each
-  axis labelled on the outer panels only); no axes when n = 0, the figure saying so."""
-  ncols = max(1, min(n, PANELS_PER_ROW))
-  nrows = max(1, math.ceil(n / ncols))
+  """(figure, n axes of `size` inches in even rows of at most PANELS_PER_ROW, sharing both axes,
+  each axis labelled on the outer panels only, columns); no axes when n = 0, the figure says so."""
+  nrows = max(1, math.ceil(n / PANELS_PER_ROW))
+  ncols = max(1, math.ceil(n / nrows))  # rows as even as can be: 6 panels are 2 x 3, not 4 + 2
   # The extra width and height hold the colorbar and the legend above the panels.
   fig = Figure(figsize=(size[0] * ncols + 1.3, size[1] * nrows + 0.8), layout="constrained")
   if n == 0:
@@ -184,7 +184,7 @@ def per_position_figure(series: Mapping[str, tuple]) -> Figure:
   kmax = max(ks)
   axes[0].set_xlim(0.5, kmax + 0.5)
   axes[0].xaxis.set_major_locator(FixedLocator(_position_ticks(kmax)))
-  axes[0].set_ylim(0, 1.03)
+  axes[0].set_ylim(-0.03, 1.03)  # a 0 (never accepted) stays visible above the frame
   _k_colorbar(fig, axes, ks, mappable)
   styles = [
     Line2D([], [], color="0.3", ls="-", marker="o", ms=3, label=UNCOND_LABEL),
