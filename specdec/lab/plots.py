@@ -178,8 +178,9 @@ def per_position_figure(series: Mapping[str, tuple]) -> Figure:
       uncond, cond = (np.asarray(c, dtype=np.float64) for c in series[label])
       pos = np.arange(1, len(uncond) + 1)
       c = colour[len(uncond)]
-      ax.plot(pos, uncond, "-o", color=c, markersize=3)
+      # Unconditional on top: at position 1 the two are equal and its filled marker shows.
       ax.plot(pos, cond, "--o", color=c, markersize=3, mfc="white", lw=1)
+      ax.plot(pos, uncond, "-o", color=c, markersize=3)
     ax.set_title(name, fontsize="medium")
   kmax = max(ks)
   axes[0].set_xlim(0.5, kmax + 0.5)
