@@ -6,6 +6,8 @@ runs the same pattern: host_syncs <= ceil(loop_steps / CHUNK_STEPS) + 1.
 """
 
 import dataclasses
+import functools
+import inspect
 import logging
 import time
 
@@ -65,6 +67,56 @@ def _prompt_ids(model, prompts) -> list[list[int]]:
   return ids
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """What generate runs, fixed before anything compiles: the step, the shapes, the inputs."""
+
+  sc: StepConfig
+  ids: list
+  bucket: int
+  slots: int
+  max_new_tokens: int
+
+  @property
+  def batch(self) -> int:
+    return len(self.ids)
+
+
+def _plan(
+  model, prompts, max_new_tokens, temperature, top_k, top_p, drafter, k, acceptance, max_slots,
+  min_bucket, kv_dtype, memory_fraction, prefill_chunk,
+) -> _Plan:  # fmt: skip
+  """generate's checks and static choices, all on the host (see generate for the arguments)."""
+  sampling = Sampling(float(temperature), top_k, float(top_p))
+  sampling.validate()
+  if drafter is None:
+    drafter, k = null(), 0 if k is None else k
+  k = 4 if k is None else k
+  if not isinstance(k, int) or k < 0 or (k == 0 and drafter.name != "null"):
+    raise ValueError(f"k must be an integer >= 1 with a drafter, got k={k!r}")
+  mode = acceptance or ("greedy" if sampling.greedy else "onehot")
+  validate_mode(mode, sampling)
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+  ids = _prompt_ids(model, prompts)
+  B, longest = len(ids), max(len(p) for p in ids)
+  bucket = prompt_bucket(longest, min_bucket)
+  slots = cache_slots(bucket, max_new_tokens, k)
+  check_cache_room(longest, max_new_tokens, k, max_slots or model.config.max_position_embeddings)
+  drafter.validate(model.config, k, slots)
+  kv_dtype = model.kv_dtype if kv_dtype is None else check_kv_dtype(kv_dtype)
+  memory.check_fits(model, drafter, k, B, bucket, slots, kv_dtype, memory_fraction)
+
+  eos = tuple(model.config.eos_token_ids)
+  if prefill_chunk < 1 or prefill_chunk & (prefill_chunk - 1):
+    raise ValueError(f"prefill_chunk must be a power of two, got {prefill_chunk}")
+  sc = StepConfig(
+    model.config, model.dtype, drafter, k, sampling, mode, eos, kv_dtype, prefill_chunk
+  )
+  return _Plan(sc, ids, bucket, slots, max_new_tokens)
+
+
 def generate(
   model,
   prompts,
@@ -99,39 +151,17 @@ def generate(
   prefill_chunk: prompts longer than this go through the target in slices of it (a power of two),
   which bounds the prefill's attention scores; the result is the same forward.
   """
-  sampling = Sampling(float(temperature), top_k, float(top_p))
-  sampling.validate()
-  if drafter is None:
-    drafter, k = null(), 0 if k is None else k
-  k = 4 if k is None else k
-  if not isinstance(k, int) or k < 0 or (k == 0 and drafter.name != "null"):
-    raise ValueError(f"k must be an integer >= 1 with a drafter, got k={k!r}")
-  mode = acceptance or ("greedy" if sampling.greedy else "onehot")
-  validate_mode(mode, sampling)
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-
-  ids = _prompt_ids(model, prompts)
-  B, longest = len(ids), max(len(p) for p in ids)
-  bucket = prompt_bucket(longest, min_bucket)
-  slots = cache_slots(bucket, max_new_tokens, k)
-  check_cache_room(longest, max_new_tokens, k, max_slots or model.config.max_position_embeddings)
-  drafter.validate(model.config, k, slots)
-  kv_dtype = model.kv_dtype if kv_dtype is None else check_kv_dtype(kv_dtype)
-  memory.check_fits(model, drafter, k, B, bucket, slots, kv_dtype, memory_fraction)
-
+  plan = _plan(
+    model, prompts, max_new_tokens, temperature, top_k, top_p, drafter, k, acceptance, max_slots,
+    min_bucket, kv_dtype, memory_fraction, prefill_chunk,
+  )  # fmt: skip
+  sc, ids, bucket, slots, B = plan.sc, plan.ids, plan.bucket, plan.slots, plan.batch
+  drafter, k, mode = sc.drafter, sc.k, sc.mode
   prompt_BT = np.zeros((B, bucket), np.int32)
   for i, p in enumerate(ids):
     prompt_BT[i, : len(p)] = p
   lengths_B = jnp.asarray([len(p) for p in ids], jnp.int32)
   max_new_B = jnp.full((B,), max_new_tokens, jnp.int32)
-  eos = tuple(model.config.eos_token_ids)
-  if prefill_chunk < 1 or prefill_chunk & (prefill_chunk - 1):
-    raise ValueError(f"prefill_chunk must be a power of two, got {prefill_chunk}")
-  sc = StepConfig(
-    model.config, model.dtype, drafter, k, sampling, mode, eos, kv_dtype, prefill_chunk
-  )
-
   xla_env.enable_compile_cache()
   t0 = time.perf_counter()
   with CompileCounter() as built:
@@ -201,3 +231,24 @@ def generate(
     "compile_s": built.seconds,
   }
   return Generation(tokens=out, texts=[model.decode(o) for o in out], stats=stats)
+
+
+def compile_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> int:
+  """Compiles the prefill and decode chunk that `generate(model, prompts, max_new_tokens, **kw)`
+  runs, without running them; returns how many executables were built. With the persistent
+  compilation cache on, the later `generate` loads them instead of compiling: a sweep compiles
+  its cells ahead of time this way, several at once (XLA releases the GIL while it compiles)."""
+  args = inspect.signature(generate).bind(model, prompts, max_new_tokens, **kw)
+  args.apply_defaults()
+  args.arguments.pop("seed")  # a traced value: every seed shares the executables
+  xla_env.enable_compile_cache()
+  plan = _plan(**args.arguments)
+  sc, B = plan.sc, plan.batch
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  inputs = (model.params, sc.drafter.params, i32(B, plan.bucket), i32(B), i32(B), key)
+  with CompileCounter() as built:
+    prefill.lower(*inputs, sc, plan.slots).compile()
+    st = jax.eval_shape(functools.partial(prefill, sc=sc, slots=plan.slots), *inputs)
+    decode_chunk.lower(model.params, sc.drafter.params, st, sc, CHUNK_STEPS).compile()
+  return built.count

@@ -43,7 +43,13 @@ from specdec.data import workload as workload_lib
 from specdec.decoding import memory
 from specdec.decoding.accept import validate_mode
 from specdec.decoding.compiles import CompileCounter
-from specdec.decoding.generate import cache_slots, check_cache_room, generate, prompt_bucket
+from specdec.decoding.generate import (
+  cache_slots,
+  check_cache_room,
+  compile_ahead,
+  generate,
+  prompt_bucket,
+)
 from specdec.drafters import draft_lm, ngram, null
 from specdec.lab import results
 from specdec.models.fuse import quantized
@@ -282,20 +288,33 @@ class Runner:
       self.cfg.memory_fraction,
     )  # fmt: skip
 
-  def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
+  def _call(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
+    """The (model, prompts, keyword arguments) of the cell's generate call."""
     t = cell.temperature if temperature is None else temperature
     name = drafter_name or cell.method
     if cell.target_format not in self._targets:
       fmt = cell.target_format
       self._targets[fmt] = self.target if fmt == "bf16" else quantized(self.target, fmt)
-    return generate(
-      self._targets[cell.target_format], ids, max_new_tokens=self.cfg.max_new_tokens, temperature=t,
-      top_k=cell.top_k if t else 0, top_p=cell.top_p if t else 1.0, seed=seed,
-      drafter=self.drafters[name], k=cell.k if name != "null" else 0,
+    kw = dict(
+      max_new_tokens=self.cfg.max_new_tokens, temperature=t, top_k=cell.top_k if t else 0,
+      top_p=cell.top_p if t else 1.0, seed=seed, drafter=self.drafters[name],
+      k=cell.k if name != "null" else 0,
       acceptance=acceptance or (cell.acceptance if t else "greedy"),
       min_bucket=self.bucket(cell.prompt_tokens), kv_dtype=kv_dtype(cell),
       memory_fraction=self.cfg.memory_fraction,
     )  # fmt: skip
+    return self._targets[cell.target_format], ids, kw
+
+  def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
+    model, ids, kwargs = self._call(cell, ids, seed, drafter_name, temperature, acceptance)
+    return generate(model, ids, **kwargs)
+
+  def compile_ahead(self, cell: Cell) -> int:
+    """Builds the executables the cell's timed batches run (their shapes do not change with the
+    leg), without running them; returns how many were built. Safe to call from several threads."""
+    ids = self.prompt_ids(cell.prompt_tokens, 0)[: cell.batch]
+    model, ids, kwargs = self._call(cell, ids, 0)
+    return compile_ahead(model, ids, **kwargs)
 
   def run(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
     with CompileCounter() as built:

@@ -168,3 +168,14 @@ def test_a_chunk_stops_on_the_device_when_every_row_is_done(model):
   assert bool(short.done.all()) and int(short.steps.max()) <= 4
   assert jax.random.key_data(long.key).tolist() == jax.random.key_data(short.key).tolist()
   assert np.asarray(long.tokens).tolist() == np.asarray(short.tokens).tolist()
+
+
+def test_compile_ahead_builds_what_generate_then_runs(model):
+  # Shapes no other test uses (bucket 32, 13 new tokens, k = 5), so nothing is cached in memory.
+  kw = dict(max_new_tokens=13, drafter=ngram(), k=5, min_bucket=32, seed=7)
+  built = generate_lib.compile_ahead(model, PROMPTS[:2], **kw)
+  assert built >= 2  # the prefill and the decode chunk
+  g = specdec.generate(model, PROMPTS[:2], **kw)
+  assert g.stats["compiles"] <= 1 and len(g.tokens[0]) == 13  # at most one tiny eager op
+  with pytest.raises(TypeError):
+    generate_lib.compile_ahead(model, PROMPTS[:2], max_new_tokens=13, nonsense=1)

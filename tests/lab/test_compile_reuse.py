@@ -2,6 +2,7 @@
 with the same static shapes; each row counts what its (cell, leg) built."""
 
 import os
+import re
 
 import jax
 import numpy as np
@@ -29,7 +30,7 @@ def test_sweep_reuses_executables_unless_a_static_shape_changes(tmp_path):
   # prompt_tokens=400 extends the prompts (264 and 352 tokens) within the same 512 bucket: new
   # prompt text, same static shapes. k is static (StepConfig): k=3 needs its own step.
   cfg = small_config(ks=(1, 3), prompt_tokens=(0, 400))
-  driver.run(cfg, str(tmp_path), progress=False)
+  driver.run(cfg, str(tmp_path), progress=False, compile_workers=0)  # each cell compiles its own
   rows = results.load_rows(os.path.join(tmp_path, results.RESULTS_NAME))
   by = {(r["method"], r["k"], r["prompt_tokens"], r["leg"]): r for r in rows}
   assert len(by) == 12
@@ -45,3 +46,18 @@ def test_sweep_reuses_executables_unless_a_static_shape_changes(tmp_path):
   assert len(reused) == 9
   assert {key: by[key]["compiles"] for key in reused} == dict.fromkeys(reused, 0)
   assert by["ngram", 1, 0, 1]["seed"] != by["ngram", 1, 0, 0]["seed"]
+
+
+def test_compiled_ahead_the_cells_build_nothing(tmp_path, capsys):
+  jax.clear_caches()
+  cfg = small_config(ks=(1, 3), prompt_tokens=(0, 400), methods=("null", "ngram"))
+  driver.run(cfg, str(tmp_path), progress=False, compile_workers=2)
+  rows = results.load_rows(os.path.join(tmp_path, results.RESULTS_NAME))
+  assert len(rows) == 12
+  # Timed calls build nothing; the process's first warm-up batch builds a few tiny eager ops.
+  assert {c["compiles"] for r in rows for c in r["extra"]["calls"] if c["timed"]} == {0}
+  assert sum(r["compiles"] for r in rows) <= 4
+  # Three step shapes (null, ngram k=1, k=3; both prompt lengths share one bucket): a prefill
+  # and a decode chunk each, plus the small eager ops around them.
+  built = int(re.search(r"compiled ahead (\d+) executables", capsys.readouterr().err).group(1))
+  assert 6 <= built <= 12

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +232,21 @@ def test_resume_refuses_a_target_whose_files_changed(tmp_path):
   (target / "generation_config.json").write_text('{"eos_token_id": 0}')
   with pytest.raises(results.ResultsError, match="checkpoint_fingerprints.target"):
     driver.run(cfg, out, progress=False)
+
+
+def test_bad_input_is_one_line_before_anything_loads_and_leaves_no_directory(tmp_path):
+  out = tmp_path / "run"
+  for flag, fragment in [
+    ("--config.methods=null,nope", "config.methods: unknown method 'nope'"),
+    ("--config.checkpoints.mtp=/no/such/dir", "config.checkpoints.mtp='/no/such/dir'"),
+    ("--config.ks=(0,)", "config.ks: k=0 must be >= 1"),
+  ]:
+    p = subprocess.run(
+      [sys.executable, "-m", "experiments.sweep", flag, f"--out={out}"],
+      capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("sweep:")]
+    assert len(lines) == 1 and fragment in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+    assert not out.exists()

@@ -32,7 +32,7 @@ def test_the_whole_first_batch_is_warm_up(tmp_path, batch):
   jax.clear_caches()  # leg 0 builds its executables, whatever ran before in this process
   # Three timed batches of 63 steps each: enough decode time that a busy CPU does not decide it.
   cfg = small_config(methods=("null",), batches=(batch,), n_prompts=4 * batch, max_new_tokens=64)
-  driver.run(cfg, str(tmp_path), progress=False)
+  driver.run(cfg, str(tmp_path), progress=False, compile_workers=0)  # compiles in batch 0
   (leg0,) = [r for r in _rows(tmp_path) if r["leg"] == 0]
   (leg1,) = [r for r in _rows(tmp_path) if r["leg"] == 1]
   calls0 = leg0["extra"]["calls"]
@@ -47,9 +47,10 @@ def test_the_whole_first_batch_is_warm_up(tmp_path, batch):
   assert leg0["decode_tok_s"] == pytest.approx(_decode_tok_s(leg0["requests"][batch:]))
   if batch == 2:
     # Negative control, from the same rows: leaving out request 0 alone (the old rule) keeps
-    # request 1, which shared batch 0's compile, and leg 0 reads far slower than leg 1.
+    # request 1, which shared batch 0's compile (or its load from the persistent cache), and leg
+    # 0 falls outside the agreement band above.
     old0, old1 = (_decode_tok_s(r["requests"][1:]) for r in (leg0, leg1))
-    assert old0 < 0.3 * old1, (old0, old1)
+    assert old0 < 0.5 * old1, (old0, old1)
 
 
 def test_rows_keep_every_request_and_their_host_syncs(tmp_path):
