@@ -1,4 +1,5 @@
-"""Prompt workloads for sweeps: HumanEval, prompt files, subsets, context extension, repetition.
+"""Prompt workloads for sweeps: HumanEval, prompt files (multi-turn too), long source documents,
+subsets, context extension, repetition.
 
 Prompts are raw text until the sweep tokenizes them; everything that needs tokens takes a `tokenize`
 function (str -> sequence of ids) so this module never depends on a tokenizer library. `tokenize`
@@ -7,8 +8,11 @@ each piece would land mid-sequence. `prompt_ids` adds the BOS once, after extens
 """
 
 import dataclasses
+import functools
 import gzip
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -31,7 +35,9 @@ class WorkloadError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Prompt:
   id: str
-  text: str
+  text: str  # the prompt, or the current user turn of a multi-turn record
+  history: tuple[str, ...] = ()  # the record's earlier user turns, answered by the model itself
+  document: bool = False  # a long document: a prompt is its first N tokens (see prompt_ids)
 
 
 # --- sources ------------------------------------------------------------------------------------
@@ -73,11 +79,16 @@ def load_humaneval(
 
 
 def load_prompt_file(path: str | Path) -> list[Prompt]:
-  """Prompts from a file: JSONL (or a JSON array) of {"prompt": ...} or ShareGPT records.
+  """Prompts from a file: JSONL (or a JSON array) of {"prompt": ...}, MT-Bench-style
+  {"turns": [...]} or ShareGPT records.
 
-  A ShareGPT record {"conversations": [{"from": "human", "value": ...}, ...]} yields its first human
-  (or "user") turn; later turns would need the model's own earlier replies, which a sweep does not
-  have. Records with neither shape are an error naming the file and record. `.gz` is decompressed.
+  A multi-turn record gives one prompt per user turn, in order (id "<id>/turn<j>"), each carrying
+  the earlier user turns as `history`: its text is those turns with the model's own answers (the
+  sweep generates them, see specdec/lab/sweep.py) and then the turn. MT-Bench's records name their
+  turns `turns` (strings) and their id `question_id`; a ShareGPT record
+  {"conversations": [{"from": "human", "value": ...}, ...]} has its human (or "user") turns, the
+  recorded replies left out. A record of none of these shapes is an error naming the file and the
+  record. `.gz` is decompressed.
   """
   path = Path(path)
   raw = _read_bytes(path)
@@ -91,21 +102,73 @@ def load_prompt_file(path: str | Path) -> list[Prompt]:
   stem = path.name.split(".")[0]
   prompts = []
   for i, rec in enumerate(records):
-    text = _prompt_text(rec)
-    if text is None:
+    turns = _user_turns(rec)
+    if not turns:
       raise WorkloadError(
-        f"{path}: record {i + 1} has neither a string 'prompt' nor a human turn in 'conversations'"
+        f"{path}: record {i + 1} has no string 'prompt', no list of strings 'turns' and no human "
+        "turn in 'conversations'"
       )
-    rid = rec.get("id", rec.get("task_id", f"{stem}/{i}"))
-    prompts.append(Prompt(id=str(rid), text=text))
+    rid = str(rec.get("id", rec.get("question_id", rec.get("task_id", f"{stem}/{i}"))))
+    for j, turn in enumerate(turns):
+      tid = rid if len(turns) == 1 else f"{rid}/turn{j + 1}"
+      prompts.append(Prompt(id=tid, text=turn, history=tuple(turns[:j])))
   return prompts
 
 
 def load_workload(name_or_path: str) -> list[Prompt]:
-  """'humaneval' or the path of a prompt file."""
+  """'humaneval', SOURCE_WORKLOAD (long documents, `source_documents`) or a prompt file's path."""
   if name_or_path.lower() == "humaneval":
     return load_humaneval()
+  if name_or_path == SOURCE_WORKLOAD:
+    return source_documents()
   return load_prompt_file(name_or_path)
+
+
+def is_document_workload(name_or_path: str) -> bool:
+  """Whether the workload's prompts are documents cut to a length (prompt_tokens > 0 needed)."""
+  return name_or_path == SOURCE_WORKLOAD
+
+
+# The long-context workload: the sources of jax at the version pyproject.toml pins. They are
+# Python like the zoo's training corpus (the stdlib) but were never in it (site-packages is left
+# out, docs/zoo.md), and the pinned pure-Python wheel puts the same bytes on every machine that
+# installs specdec, with no download. A prompt is a file's first N tokens: the model continues it.
+SOURCE_WORKLOAD = "jax_source"
+SOURCE_PACKAGE, SOURCE_VERSION, SOURCE_DIR = "jax", "0.11.2", "jax/_src/"
+# Files of at least this size: >= 10,000 tokens each under the zoo's BPE (3.5 bytes per token),
+# so every context length a small model has room for cuts from whole files.
+SOURCE_MIN_BYTES = 32_768
+# sha256 of "<path> <sha256 of the file>\n" over the selected files in order (94 files).
+SOURCE_SHA256 = "087cbc0470f894ed1683401ce357f5ff172e18e0ec14f06c84baf163f5574a02"
+
+
+@functools.cache
+def source_documents() -> tuple[Prompt, ...]:
+  """SOURCE_WORKLOAD's documents: the SOURCE_DIR `*.py` files of the installed SOURCE_PACKAGE that
+  its wheel's RECORD lists at >= SOURCE_MIN_BYTES, sorted by path, checked against SOURCE_SHA256."""
+  try:
+    dist = importlib.metadata.distribution(SOURCE_PACKAGE)
+  except importlib.metadata.PackageNotFoundError as e:
+    raise WorkloadError(
+      f"workload {SOURCE_WORKLOAD!r} reads {SOURCE_PACKAGE}'s sources: {e}"
+    ) from e
+  if dist.version != SOURCE_VERSION:
+    raise WorkloadError(
+      f"workload {SOURCE_WORKLOAD!r} is the sources of {SOURCE_PACKAGE}=={SOURCE_VERSION}; "
+      f"{dist.version} is installed (pip install -e . installs the pinned one)"
+    )
+  root = Path(importlib.util.find_spec(SOURCE_PACKAGE).origin).parent.parent
+  listed = [f for f in dist.files or () if (f.size or 0) >= SOURCE_MIN_BYTES]
+  paths = sorted(str(f) for f in listed if str(f).startswith(SOURCE_DIR) and f.suffix == ".py")
+  raw = {p: _read_bytes(root / p) for p in paths}
+  listing = "".join(f"{p} {hashlib.sha256(raw[p]).hexdigest()}\n" for p in paths)
+  got = hashlib.sha256(listing.encode()).hexdigest()
+  if got != SOURCE_SHA256:
+    raise WorkloadError(
+      f"workload {SOURCE_WORKLOAD!r}: the {len(paths)} {SOURCE_DIR}*.py files under {root} hash to "
+      f"{got}, expected {SOURCE_SHA256}: not the files {SOURCE_PACKAGE}=={SOURCE_VERSION} ships"
+    )
+  return tuple(Prompt(id=p, text=raw[p].decode("utf-8"), document=True) for p in paths)
 
 
 def load_text_source(path: str | Path) -> list[str]:
@@ -135,37 +198,55 @@ def _jsonl_records(raw: bytes, path: Path) -> Iterable[dict]:
     yield rec
 
 
-def _prompt_text(rec) -> str | None:
+def _is_human(turn: dict) -> bool:
+  return turn.get("from") in ("human", "user")
+
+
+def _user_turns(rec) -> list[str]:
+  """The record's user turns in order ([] if it has none of the known shapes)."""
   if not isinstance(rec, dict):
-    return None
+    return []
   if isinstance(rec.get("prompt"), str):
-    return rec["prompt"]
-  for turn in rec.get("conversations") or ():
-    if isinstance(turn, dict) and turn.get("from") in ("human", "user"):
-      value = turn.get("value")
-      return value if isinstance(value, str) else None
-  return None
+    return [rec["prompt"]]
+  turns = rec.get("turns")
+  if isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns):
+    return list(turns)
+  conversation = rec.get("conversations") or ()
+  human = [t.get("value") for t in conversation if isinstance(t, dict) and _is_human(t)]
+  return human if human and all(isinstance(v, str) for v in human) else []
 
 
 # --- chat template hook -------------------------------------------------------------------------
+
+
+# Raw completion joins a conversation's turns as text: each earlier turn, the model's answer (its
+# own continuation of that turn, so the two read as one text), a blank line, then the next turn.
+TURN_SEP = "\n\n"
 
 
 def render_prompt(
   text: str,
   chat_template: str | None = None,
   renderer: ChatRenderer | None = None,
+  history: Sequence[tuple[str, str]] = (),
   **template_vars,
 ) -> str:
-  """The text the model sees: raw completion by default, else one user turn through the template.
+  """The text the model sees: raw completion by default, else the user turn through the template.
 
   Raw completion is the default because HumanEval's `prompt` is a code prefix to continue, and a
   chat wrapper changes what the model (and so the drafter) writes. Pass the tokenizer's
   `chat_template` string to opt in; `renderer` overrides how it is rendered, `template_vars`
-  (bos_token, ...) reach the template.
+  (bos_token, ...) reach the template. `history`: the (user turn, model answer) pairs before this
+  turn, rendered before it (raw: joined by TURN_SEP; chat: user and assistant messages).
   """
   if chat_template is None:
-    return text
-  messages = [{"role": "user", "content": text}]
+    return "".join(f"{turn}{answer}{TURN_SEP}" for turn, answer in history) + text
+  messages = [
+    m
+    for turn, answer in history
+    for m in ({"role": "user", "content": turn}, {"role": "assistant", "content": answer})
+  ]
+  messages.append({"role": "user", "content": text})
   if renderer is not None:
     return renderer(chat_template, messages)
   return _render_jinja(chat_template, messages, **template_vars)
@@ -242,14 +323,19 @@ def extend_to_length(
   )
 
 
-def workload_filler(prompts: Sequence[Prompt], index: int) -> Iterable[str]:
-  """Filler for prompt `index` from the workload itself: the other prompts, starting after it.
+def source_filler(index: int) -> Iterable[str]:
+  """Filler for prompt `index`: SOURCE_WORKLOAD's documents, starting at document `index` (mod
+  their count), so every prompt gets a different prefix of real text the zoo never trained on and
+  that holds no prompt of any workload (its own continuation least of all)."""
+  docs = source_documents()
+  return (docs[(index + j) % len(docs)].text for j in range(len(docs)))
 
-  Rotating the start gives every prompt a different prefix, and excluding the prompt keeps a copying
-  drafter from finding its own continuation in the filler.
-  """
-  n = len(prompts)
-  return (prompts[(index + j) % n].text for j in range(1, n))
+
+def cut_to_length(ids: Sequence[int], target_len: int) -> list[int]:
+  """A document's first `target_len` tokens, exactly; a shorter document is an error."""
+  if len(ids) < target_len:
+    raise WorkloadError(f"the document has {len(ids)} tokens, fewer than the {target_len} asked")
+  return list(ids[:target_len])
 
 
 # --- repetition rule ----------------------------------------------------------------------------
@@ -302,21 +388,24 @@ def prompt_ids(
   bos_id: int | None = None,
   target_len: int | None = None,
   filler: Iterable[str] = (),
+  document: bool = False,
   repetition: int = 0,
   vocab_size: int | None = None,
   avoid: Iterable[int] = (),
 ) -> list[int]:
-  """Token ids of one prompt for one leg: tokenize, extend with filler, add BOS, then substitute.
+  """Token ids of one prompt for one leg: tokenize, bring to length, add BOS, then substitute.
 
-  Extension comes before BOS so the BOS stays first, and substitution comes last so it changes
-  position 1 of what the model actually sees (the first filler token when extended). `target_len`
-  counts the BOS. `vocab_size` is needed only when `repetition` > 0; the BOS id is never a
-  substitute.
+  To length: a prompt is extended with filler at the front (`extend_to_length`), a `document` cut
+  to its first tokens (`cut_to_length`); either way it is `target_len` long, BOS counted. Length
+  comes before BOS so the BOS stays first, and substitution comes last so it changes position 1 of
+  what the model actually sees (the first filler token when extended). `vocab_size` is needed only
+  when `repetition` > 0; the BOS id is never a substitute.
   """
   ids = list(tokenize(text))
   has_bos = bos_id is not None
   if target_len is not None:
-    ids = extend_to_length(ids, target_len - has_bos, filler, tokenize)
+    n = target_len - has_bos
+    ids = cut_to_length(ids, n) if document else extend_to_length(ids, n, filler, tokenize)
   if has_bos:
     ids = [bos_id, *ids]
   if repetition:

@@ -50,7 +50,7 @@ def check_before_loading(cfg) -> list:
     path = resolve_path(spec)
     if not os.path.isdir(path):
       raise SweepError(f"config.{name}={spec!r}: {path} is not a checkpoint directory")
-  sweep.validate(cfg, cells, max_positions=1 << 62, longest_prompt=0)
+  sweep.validate(cfg, cells)
   return cells
 
 
@@ -69,8 +69,8 @@ def _run(cfg, out: Path, progress: bool, workers: int) -> str:
     if m not in ("null", "ngram")
   }
   runner = sweep.Runner(cfg, target, drafters)
-  longest = max(len(p) for p in runner.prompt_ids(0, 0))
-  sweep.validate(cfg, cells, target.config.max_position_embeddings, longest, runner.check_memory)
+  max_positions = target.config.max_position_embeddings
+  sweep.validate(cfg, cells, max_positions, runner.longest_prompt, runner.check_memory)
   # The weights' identity too: the paths alone survive a retrain (a resume must not mix models).
   used = {"target": cfg.target, **{m: cfg.checkpoints[m] for m in drafters}}
   prints = {name: fingerprint(resolve_path(spec)) for name, spec in used.items()}
@@ -116,7 +116,7 @@ def compile_cells(runner, cells: list, workers: int) -> tuple[int, float]:
     return 0, 0.0
   t0 = time.perf_counter()
   shapes = {
-    dataclasses.replace(c, prompt_tokens=runner.bucket(c.prompt_tokens), sample_seed=0): c
+    dataclasses.replace(c, workload="", prompt_tokens=runner.bucket(c), sample_seed=0): c
     for c in reversed(cells)
   }
   cells = list(reversed(shapes.values()))

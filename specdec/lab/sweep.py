@@ -8,6 +8,15 @@ left out of every timing. Leg l substitutes one prompt token by repetition l, so
 cannot draft from memory of the previous leg. Sampled cells also run once per `config.seeds`
 entry (the Cell's sample_seed); greedy cells, which no seed changes, run the first only.
 
+Workloads: every prompt of a workload is one request. A multi-turn record (MT-Bench style) gives one
+request per user turn, its prompt the earlier turns each followed by the target's own answer: that
+turn's greedy continuation by the target as loaded, no drafter (Runner._answer). The answers are
+made once, before any cell runs, so every arm and leg reads the same prompt for a later turn and
+the comparison stays paired, whatever the cell's sampling; at T = 0 they are what the gate-checked
+no-draft arm emits for that turn. A document workload (`workload.SOURCE_WORKLOAD`) cuts each
+document to its first prompt_tokens tokens; other prompts are extended to prompt_tokens with real
+text in front (`workload.source_filler`).
+
 Every row keeps its requests one by one (`requests`: timing, counts, tau and acceptance of each,
 and whether it was timed), so tables can put bootstrap intervals over requests beside the pooled
 figures, and the host round trips of its timed generate calls (`host_syncs`, `loop_steps`; per
@@ -71,6 +80,7 @@ class SweepError(ValueError):
 class Cell:
   method: str
   k: int
+  workload: str  # an entry of config.workloads
   prompt_tokens: int  # 0: prompts as they are
   temperature: float
   top_k: int
@@ -99,13 +109,22 @@ def leg_seed(base: int, sample_seed: int, leg: int) -> int:
   return base + SAMPLE_SEED_STRIDE * sample_seed + LEG_SEED_STRIDE * leg
 
 
-STR_AXES = ("methods", "acceptances", "target_formats", "kv_dtypes")
+STR_AXES = ("methods", "workloads", "acceptances", "target_formats", "kv_dtypes")
 
 
 def normalize(cfg):
-  """Lets string axes be given on the command line as `--config.methods=null,ngram`."""
+  """Lets string axes be given on the command line as `--config.methods=null,ngram`; an older
+  config's single `workload` becomes the one-entry axis `workloads`."""
   cfg = cfg.copy_and_resolve_references()
   with cfg.unlocked():
+    if "workload" in cfg:
+      if "workloads" in cfg:
+        raise SweepError(
+          f"config.workload={cfg.workload!r} and config.workloads={cfg.workloads!r}: the single "
+          "workload became the axis config.workloads; set that one only"
+        )
+      cfg.workloads = (cfg.workload,)
+      del cfg["workload"]
     for name in STR_AXES:
       items = (cfg[name],) if isinstance(cfg[name], str) else cfg[name]
       cfg[name] = tuple(v.strip() for item in items for v in item.split(",") if v.strip())
@@ -120,14 +139,16 @@ def expand(cfg) -> list[Cell]:
   cells = []
   for method in ("null", *[m for m in cfg.methods if m != "null"]):
     ks = (0,) if method == "null" else tuple(cfg.ks)
-    for k, pt, t, tk, tp, acc, fmt, kv, b in itertools.product(
-      ks, cfg.prompt_tokens, cfg.temperatures, cfg.top_ks, cfg.top_ps, cfg.acceptances,
-      cfg.target_formats, cfg.kv_dtypes, cfg.batches,
+    for k, w, pt, t, tk, tp, acc, fmt, kv, b in itertools.product(
+      ks, cfg.workloads, cfg.prompt_tokens, cfg.temperatures, cfg.top_ks, cfg.top_ps,
+      cfg.acceptances, cfg.target_formats, cfg.kv_dtypes, cfg.batches,
     ):  # fmt: skip
       acc = _auto(t) if acc == "auto" or method == "null" else acc
       for s in cfg.seeds if t else cfg.seeds[:1]:
         cells.append(
-          Cell(method, int(k), int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b), int(s))
+          Cell(
+            method, int(k), w, int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b), int(s)
+          )
         )
   return list(dict.fromkeys(cells))
 
@@ -143,11 +164,12 @@ def check_methods(cfg) -> None:
 
 
 def validate(
-  cfg, cells: list[Cell], max_positions: int, longest_prompt: int, check_cell=None
+  cfg, cells: list[Cell], max_positions: int | None = None, prompt_len=None, check_cell=None
 ) -> None:
-  """Every cell's checks before anything compiles; check_cell(cell) adds the ones that need the
-  loaded models (Runner.check_memory)."""
-  for name in ("ks", "prompt_tokens", "temperatures", "batches", "methods", "seeds"):
+  """Every cell's checks before anything compiles. Without max_positions and prompt_len(cell) (the
+  cell's longest prompt, Runner.longest_prompt) only those that need no model; check_cell(cell)
+  adds the ones that need the loaded models (Runner.check_memory)."""
+  for name in ("ks", "workloads", "prompt_tokens", "temperatures", "batches", "methods", "seeds"):
     if not len(cfg[name]):
       raise SweepError(f"config.{name} is empty")
   if len(set(cfg.seeds)) < len(cfg.seeds) or min(cfg.seeds) < 0:
@@ -173,6 +195,11 @@ def validate(
       "inside the timed requests"
     )
   check_methods(cfg)
+  for w in cfg.workloads:
+    try:
+      workload_lib.load_workload(w)
+    except workload_lib.WorkloadError as e:
+      raise SweepError(f"config.workloads: {w!r}: {e}") from e
   for c in cells:
     if c.target_format not in TARGET_FORMATS:
       raise SweepError(f"config.target_formats: {c.target_format!r} is not available yet")
@@ -180,17 +207,26 @@ def validate(
       raise SweepError(f"config.kv_dtypes: unknown {c.kv_dtype!r}; choose from {KV_DTYPES}")
     if c.method != "null" and c.k < 1:
       raise SweepError(f"config.ks: k={c.k} must be >= 1")
+    if c.prompt_tokens < 0:
+      raise SweepError(f"config.prompt_tokens: {c.prompt_tokens} is not a length (>= 0)")
+    if c.prompt_tokens == 0 and workload_lib.is_document_workload(c.workload):
+      raise SweepError(
+        f"config.prompt_tokens: workload {c.workload!r} cuts documents to each length, so 0 "
+        "(prompts as they are) does not apply to it; give lengths > 0"
+      )
     # The same checks generate() makes, run for every cell before anything compiles.
     sampling = Sampling(c.temperature, c.top_k, c.top_p)
-    plen = max(c.prompt_tokens, longest_prompt)
     try:
       sampling.validate()
       validate_mode(c.acceptance, sampling)
-      check_cache_room(plen, cfg.max_new_tokens, c.k, max_positions)
+      if max_positions is not None:
+        check_cache_room(prompt_len(c), cfg.max_new_tokens, c.k, max_positions)
       if check_cell is not None:
         check_cell(c)
     except ValueError as e:
-      raise SweepError(f"cell {c.method} k={c.k} prompt_tokens={c.prompt_tokens}: {e}") from e
+      raise SweepError(
+        f"cell {c.method} k={c.k} prompt_tokens={c.prompt_tokens}: workload {c.workload!r}: {e}"
+      ) from e
 
 
 def chat_template_of(path: str) -> str:
@@ -247,41 +283,72 @@ class Runner:
     self.cfg, self.target = cfg, target
     self._targets = {}  # target format -> the model that decodes (quantized, fused as asked)
     self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n), **drafters}
-    prompts = workload_lib.select(workload_lib.load_workload(cfg.workload), cfg.n_prompts)
-    if cfg.chat_template:
-      template = chat_template_of(resolve_path(cfg.target))
-      prompts = [
-        workload_lib.Prompt(
-          p.id, workload_lib.render_prompt(p.text, template, add_generation_prompt=True)
-        )
-        for p in prompts
-      ]
-    self.texts = prompts
+    self.prompts = {
+      w: workload_lib.select(workload_lib.load_workload(w), cfg.n_prompts) for w in cfg.workloads
+    }
+    self._template = chat_template_of(resolve_path(cfg.target)) if cfg.chat_template else None
+    self._answers: dict[tuple[str, ...], str] = {}
     self._ids: dict = {}
     self._greedy_ref: dict = {}
 
-  def prompt_ids(self, prompt_tokens: int, leg: int) -> list[list[int]]:
-    key = (prompt_tokens, leg)
+  def prompt_ids(self, cell: Cell, leg: int) -> list[list[int]]:
+    """The token ids of the cell's prompts in leg `leg` (its workload at its prompt length)."""
+    key = (cell.workload, cell.prompt_tokens, leg)
     if key not in self._ids:
       V = self.target.config.vocab_size
-      self._ids[key] = [
-        workload_lib.prompt_ids(
-          p.text, self.target.encode, target_len=prompt_tokens or None,
-          filler=workload_lib.workload_filler(self.texts, i), repetition=leg, vocab_size=V,
-          avoid=self.target.config.eos_token_ids,
-        )
-        for i, p in enumerate(self.texts)
-      ]  # fmt: skip
+      ids = []
+      for i, p in enumerate(self.prompts[cell.workload]):
+        try:
+          ids.append(
+            workload_lib.prompt_ids(
+              self._text(p), self.target.encode, target_len=cell.prompt_tokens or None,
+              filler=workload_lib.source_filler(i), document=p.document, repetition=leg,
+              vocab_size=V, avoid=self.target.config.eos_token_ids,
+            )
+          )  # fmt: skip
+        except ValueError as e:
+          raise SweepError(
+            f"config.workloads: {cell.workload!r} prompt {p.id} at prompt_tokens="
+            f"{cell.prompt_tokens}: {e}"
+          ) from e
+      self._ids[key] = ids
     return self._ids[key]
 
-  def bucket(self, prompt_tokens: int) -> int:
-    return prompt_bucket(max(len(p) for p in self.prompt_ids(prompt_tokens, 0)))
+  def longest_prompt(self, cell: Cell) -> int:
+    return max(len(p) for p in self.prompt_ids(cell, 0))
+
+  def bucket(self, cell: Cell) -> int:
+    return prompt_bucket(self.longest_prompt(cell))
+
+  def _text(self, p: workload_lib.Prompt) -> str:
+    """What the model reads for p: a document as it is; a prompt through the chat template where
+    the config asks, after its earlier turns (a multi-turn record), each answered by the target."""
+    return p.text if p.document else self._render((*p.history, p.text))
+
+  def _render(self, turns: tuple[str, ...]) -> str:
+    history = [(t, self._answer(turns[: j + 1])) for j, t in enumerate(turns[:-1])]
+    return workload_lib.render_prompt(turns[-1], self._template, history=history)
+
+  def _answer(self, turns: tuple[str, ...]) -> str:
+    """The target's answer to the last of `turns`: its greedy continuation, as loaded, with no
+    drafter, max_new_tokens long or to its EOS. That is the no-draft arm's output for that turn
+    (at T = 0, prompt_tokens 0, leg 0), and one answer serves every cell and leg, so every arm of
+    a later turn reads the same prompt and the arms stay paired."""
+    if turns not in self._answers:
+      ids = self.target.encode(self._render(turns))
+      out = generate(
+        self.target, [ids], max_new_tokens=self.cfg.max_new_tokens,
+        memory_fraction=self.cfg.memory_fraction,
+      ).tokens[0]  # fmt: skip
+      eos = set(self.target.config.eos_token_ids)
+      self._answers[turns] = self.target.decode([t for t in out if t not in eos])
+    return self._answers[turns]
 
   def check_memory(self, cell: Cell) -> None:
     """generate()'s memory plan for a full batch of the cell on the target as loaded (fused at
     load, so no second copy; a quantized target, built later, is smaller but stays resident
     beside it: generate() checks it then)."""
-    bucket = self.bucket(cell.prompt_tokens)
+    bucket = self.bucket(cell)
     slots = cache_slots(bucket, self.cfg.max_new_tokens, cell.k)
     memory.check_fits(
       self.target, self.drafters[cell.method], cell.k, cell.batch, bucket, slots, kv_dtype(cell),
@@ -300,7 +367,7 @@ class Runner:
       top_p=cell.top_p if t else 1.0, seed=seed, drafter=self.drafters[name],
       k=cell.k if name != "null" else 0,
       acceptance=acceptance or (cell.acceptance if t else "greedy"),
-      min_bucket=self.bucket(cell.prompt_tokens), kv_dtype=kv_dtype(cell),
+      min_bucket=self.bucket(cell), kv_dtype=kv_dtype(cell),
       memory_fraction=self.cfg.memory_fraction,
     )  # fmt: skip
     return self._targets[cell.target_format], ids, kw
@@ -312,7 +379,7 @@ class Runner:
   def compile_ahead(self, cell: Cell) -> int:
     """Builds the executables the cell's timed batches run (their shapes do not change with the
     leg), without running them; returns how many were built. Safe to call from several threads."""
-    ids = self.prompt_ids(cell.prompt_tokens, 0)[: cell.batch]
+    ids = self.prompt_ids(cell, 0)[: cell.batch]
     model, ids, kwargs = self._call(cell, ids, 0)
     return compile_ahead(model, ids, **kwargs)
 
@@ -322,7 +389,7 @@ class Runner:
     return {**row, "compiles": built.count, "compile_s": built.seconds}
 
   def _measure(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
-    ids = self.prompt_ids(cell.prompt_tokens, leg)
+    ids = self.prompt_ids(cell, leg)
     seed = leg_seed(self.cfg.seed, cell.sample_seed, leg)
     timing, entries, counts, outputs, calls = [], [], [], [], []
     for b, g in enumerate(self._batches(cell, ids, seed)):
@@ -342,7 +409,6 @@ class Runner:
     timed_calls = [c for c in calls if c["timed"]]
     row = {
       **dataclasses.asdict(cell),
-      "workload": self.cfg.workload,
       "ctx_bucket": metrics.bucket_labels()[int(metrics.ctx_bucket(len(ids[0])))],
       "seed": seed,
       "leg": leg,
@@ -363,6 +429,7 @@ class Runner:
       "extra": {
         "output_sha": sha,
         "prompt_lengths": [len(p) for p in ids],
+        "prompts": [p.id for p in self.prompts[cell.workload]],
         "chat_template": bool(self.cfg.chat_template),
         "fuse_projections": bool(self.cfg.fuse_projections),
         "chunk_steps": g.stats["chunk_steps"],  # generate's CHUNK_STEPS, the same for every call
@@ -377,8 +444,8 @@ class Runner:
     if cell.temperature == 0:
       return "greedy outputs == no-draft arm, same leg", sha == baseline_sha
     # Sampled cell: greedy check of the same drafter and k on the first two prompts.
-    ids = self.prompt_ids(cell.prompt_tokens, leg)[:2]
-    key = (cell.prompt_tokens, leg)
+    ids = self.prompt_ids(cell, leg)[:2]
+    key = (cell.workload, cell.prompt_tokens, leg)
     if key not in self._greedy_ref:
       self._greedy_ref[key] = self._generate(cell, ids, 0, "null", 0.0).tokens
     out = self._generate(cell, ids, 0, temperature=0.0, acceptance="greedy").tokens

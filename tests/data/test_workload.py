@@ -1,4 +1,5 @@
 import gzip
+import hashlib
 import json
 
 import pytest
@@ -40,6 +41,46 @@ def test_prompt_file_jsonl_and_sharegpt(tmp_path):
   got = wl.load_prompt_file(p)
   assert [x.text for x in got] == ["plain prompt", "hi", "first"]
   assert got[0].id == "a" and got[1].id == "mixed/1"
+
+
+def test_multi_turn_records_give_a_prompt_per_turn(tmp_path):
+  p = tmp_path / "mt.jsonl"
+  recs = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+    {"id": "q2", "turns": ["Only one."]},
+    {"conversations": [
+      {"from": "human", "value": "a"}, {"from": "gpt", "value": "recorded"},
+      {"from": "human", "value": "b"},
+    ]},
+  ]  # fmt: skip
+  p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+  got = wl.load_prompt_file(p)
+  assert got == [
+    wl.Prompt("81/turn1", "Write a poem."),
+    wl.Prompt("81/turn2", "Now shorter.", history=("Write a poem.",)),
+    wl.Prompt("q2", "Only one."),
+    wl.Prompt("mt/2/turn1", "a"),
+    wl.Prompt("mt/2/turn2", "b", history=("a",)),  # the recorded reply is not the model's own
+  ]
+  p.write_text(json.dumps({"turns": ["ok", 3]}) + "\n")
+  with pytest.raises(wl.WorkloadError, match="record 1 has no string 'prompt', no list"):
+    wl.load_prompt_file(p)
+
+
+def test_render_prompt_with_earlier_turns():
+  history = [("Q1?", " A1."), ("Q2?", " A2.")]
+  assert wl.render_prompt("Q3?", history=history) == "Q1? A1.\n\nQ2? A2.\n\nQ3?"
+  seen = {}
+
+  def renderer(template, messages):
+    seen["messages"] = messages
+    return "rendered"
+
+  assert wl.render_prompt("Q3?", "T", renderer=renderer, history=history) == "rendered"
+  assert [(m["role"], m["content"]) for m in seen["messages"]] == [
+    ("user", "Q1?"), ("assistant", " A1."), ("user", "Q2?"), ("assistant", " A2."),
+    ("user", "Q3?"),
+  ]  # fmt: skip
 
 
 def test_prompt_file_json_array_gz(tmp_path):
@@ -95,17 +136,63 @@ def test_select():
   assert wl.select(prompts, 50) == prompts
 
 
-def test_extend_to_length_with_workload_filler():
-  prompts = [wl.Prompt(str(i), f"prompt number {i} " * 3) for i in range(6)]
-  ids = byte_tokenize(prompts[2].text)
-  out = wl.extend_to_length(ids, 200, wl.workload_filler(prompts, 2), byte_tokenize)
-  assert len(out) == 200
-  assert out[-len(ids) :] == ids
-  prefix = bytes(out[: -len(ids)]).decode()
-  # Fillers 3, 4, 5, 0 in turn; the last one used sits whole next to the prompt.
-  assert prefix.endswith("prompt number 5 " * 3 + "\n\n" + "prompt number 0 " * 3 + "\n\n")
-  assert "prompt number 2" not in prefix  # the prompt never fills its own context
-  assert wl.extend_to_length(ids, 10, [], byte_tokenize) == ids
+def test_source_documents_are_jax_files_never_trained_on():
+  from specdec.data import corpus
+
+  docs = wl.source_documents()
+  assert len(docs) == 94 and all(d.document for d in docs)
+  assert [d.id for d in docs] == sorted(d.id for d in docs)
+  assert docs[0].id == "jax/_src/ad_checkpoint.py" and docs[0].text.startswith("# Copyright")
+  assert all(d.id.startswith("jax/_src/") and len(d.text) >= wl.SOURCE_MIN_BYTES for d in docs)
+  assert wl.load_workload(wl.SOURCE_WORKLOAD) == docs and wl.is_document_workload("jax_source")
+  assert not wl.is_document_workload("humaneval")
+  # The zoo's corpus is the stdlib with its tests, site-packages left out: no document is one of
+  # its files.
+  root = corpus.stdlib_root()
+  kept, _ = corpus.list_source_files(root, include_tests=True)
+  stdlib = {hashlib.sha256((root / p).read_bytes()).digest() for p in kept}
+  assert len(stdlib) > 1000
+  assert not {hashlib.sha256(d.text.encode()).digest() for d in docs} & stdlib
+
+
+def test_source_documents_refuse_other_bytes(monkeypatch):
+  wl.source_documents.cache_clear()
+  monkeypatch.setattr(wl, "SOURCE_SHA256", "0" * 64)
+  with pytest.raises(wl.WorkloadError, match=r"94 jax/_src/\*.py files .* expected 0{64}"):
+    wl.source_documents()
+  monkeypatch.setattr(wl, "SOURCE_VERSION", "0.0.1")
+  with pytest.raises(wl.WorkloadError, match="jax==0.0.1; 0.11.2 is installed"):
+    wl.source_documents()
+  wl.source_documents.cache_clear()
+
+
+def test_document_prompt_is_its_first_n_tokens():
+  doc = wl.source_documents()[3].text
+  full = byte_tokenize(doc)
+  for n in (10, 1000, 4000):
+    ids = wl.prompt_ids(doc, byte_tokenize, target_len=n, document=True)
+    assert ids == full[:n]
+  rep = wl.prompt_ids(
+    doc, byte_tokenize, target_len=50, document=True, repetition=1, vocab_size=256
+  )
+  assert len(rep) == 50 and rep[1] != full[1] and rep[2:] == full[2:50]
+  with pytest.raises(wl.WorkloadError, match="has 3 tokens, fewer than the 5 asked"):
+    wl.prompt_ids("abc", byte_tokenize, target_len=5, document=True)
+
+
+def test_extend_to_length_with_source_filler():
+  docs = wl.source_documents()
+  ids = byte_tokenize("def f(x):")
+  out = wl.extend_to_length(ids, 200, wl.source_filler(2), byte_tokenize)
+  assert len(out) == 200 and out[-len(ids) :] == ids
+  # The filler is the end of document 2, then the blank line that separates filler pieces.
+  assert bytes(out[: -len(ids)]) == (docs[2].text + "\n\n").encode()[-(200 - len(ids)) :]
+  other = wl.extend_to_length(ids, 200, wl.source_filler(3), byte_tokenize)
+  assert other != out  # each prompt index starts at another document
+  # Long contexts run through several documents instead of running out.
+  long = wl.extend_to_length(ids, 100_000, wl.source_filler(93), byte_tokenize)
+  assert len(long) == 100_000 and (docs[0].text + "\n\n").encode() in bytes(long)
+  assert wl.extend_to_length(ids, 5, [], byte_tokenize) == ids
 
 
 def test_extend_to_length_runs_out_of_filler():

@@ -24,6 +24,8 @@ FLAGS = [
   "--config.ks=(1,2,3)",
   "--config.n_prompts=2",
   "--config.max_new_tokens=8",
+  "--config.workloads=humaneval",
+  "--config.prompt_tokens=(0,)",
 ]
 
 
@@ -31,7 +33,7 @@ def small_config(**kw):
   c = default.get_config()
   c.update(dict(target=TARGET, methods=("null", "ngram"), ks=(1, 3)))
   c.checkpoints.draft_lm = TARGET
-  c.update(dict(n_prompts=2, max_new_tokens=8))
+  c.update(dict(n_prompts=2, max_new_tokens=8, workloads=("humaneval",), prompt_tokens=(0,)))
   c.update(kw)
   return c
 
@@ -185,7 +187,7 @@ def test_gate_falls_back_to_the_same_shape_baseline(monkeypatch, temperature):
   to the same-shape baseline; a drafted output that differs from that baseline too fails it."""
   runner, cell = _runner_and_cell(temperature)
   if temperature:
-    monkeypatch.setitem(runner._greedy_ref, (cell.prompt_tokens, 0), [[-1]])
+    monkeypatch.setitem(runner._greedy_ref, (cell.workload, cell.prompt_tokens, 0), [[-1]])
   row = runner.run(cell, 0, baseline_sha="not-the-no-draft-output")
   assert row["gate_passed"] and "same-shape baseline" in row["gate"]
 

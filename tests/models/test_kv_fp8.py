@@ -249,6 +249,7 @@ def test_sweep_runs_an_fp8_kv_axis(tmp_path):
   c = default.get_config()
   c.update(dict(target=f"{GOLDEN}/qwen3_gqa", methods=("null", "ngram"), ks=(2,)))
   c.update(dict(n_prompts=2, max_new_tokens=8, kv_dtypes=("model", "float8_e4m3fn")))
+  c.update(dict(workloads=("humaneval",), prompt_tokens=(0,)))
   driver.run(c, str(tmp_path / "run"), progress=False)
   rows = results.load_rows(str(tmp_path / "run" / "results.jsonl"))
   assert {r["kv_dtype"] for r in rows} == {"model", "float8_e4m3fn"}
