@@ -1,20 +1,23 @@
-"""A results file -> one layout's Markdown table, its LaTeX, and its plot."""
+"""Results files -> one layout's Markdown table, its LaTeX, and its plot."""
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from specdec.lab import plots, results, tables
 
 
 def run(
-  results_path: str | Path,
+  results_path: str | Path | Sequence[str | Path],
   layout: str,
   out_dir: str | Path | None = None,
   baseline: str = tables.DEFAULT_BASELINE,
   knee_threshold: float = 0.1,
 ) -> tuple[str, list[Path]]:
-  """(markdown, written files) for one layout of one results file."""
-  rows = results.load_rows(results_path)
-  out = results.prepare_out_dir(out_dir or Path(results_path).parent)
+  """(markdown, written files) for one layout of the rows of one results file or several (one
+  table over all of them: sweeps of other workloads, say); out_dir defaults to the first's."""
+  paths = [results_path] if isinstance(results_path, str | Path) else list(results_path)
+  rows = [row for path in paths for row in results.load_rows(path)]
+  out = results.prepare_out_dir(out_dir or Path(paths[0]).parent)
   table = tables.build(rows, layout, baseline, knee_threshold)
   tex = out / f"table_{layout}.tex"
   tex.write_text(tables.to_latex(table), encoding="utf-8")

@@ -93,6 +93,9 @@ class Table:
   header: list[str]
   blocks: list[tuple[str, list[list[str]]]]
   notes: list[str]
+  # Column groups over the header, (title, columns spanned) left to right, "" for ungrouped ones:
+  # LaTeX spans them in a row above the header, Markdown prefixes each column's name.
+  groups: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
 
 def _num(v) -> float:
@@ -424,45 +427,59 @@ def _method_label(c: Cell) -> str:
 
 
 def method_workload(cells: list[Cell], baseline: str = DEFAULT_BASELINE) -> Table:
-  """(speedup, tau) per method x workload and their mean; blocks by temperature (EAGLE-3 Tab. 1)."""
+  """One table (EAGLE-3 Table 1): a row per method and k, a column group (speedup, tau) per
+  workload and their mean; conditions that vary besides (temperature, ...) lead each row."""
   drafted = [c for c in cells if c.method != baseline]
   workloads = list(dict.fromkeys(c.conditions["workload"] for c in drafted))
-  constant, blocks = _split(drafted, ["method", "k", "workload"], always_block=["temperature"])
-  out = []
-  for title, bc in blocks:
-    by_method: dict[str, dict[str, Cell]] = {}
-    for c in bc:
-      by_method.setdefault(_method_label(c), {})[c.conditions["workload"]] = c
-    rows = []
-    for label, per_w in by_method.items():
-      cs = [per_w.get(w) for w in workloads]
-      rows.append([label, *[_pair(c) for c in cs], _mean_pair([c for c in cs if c is not None])])
-    out.append((title, rows))
+  axes = ("method", "k", "drafter", "workload")
+  lead = _varying(drafted, axes, always=())
+  constant = {f: drafted[0].conditions[f] for f in AGG_FIELDS if f not in (*axes, *lead)}
+  # Rows grouped by the leading conditions in the order the sweep wrote them, methods within.
+  groups = list(dict.fromkeys(tuple(c.conditions[f] for f in lead) for c in drafted))
+  by_row: dict[tuple, dict[str, Cell]] = {}
+  for c in sorted(drafted, key=lambda c: groups.index(tuple(c.conditions[f] for f in lead))):
+    key = (*(c.conditions[f] for f in lead), c.method, c.k, c.conditions["drafter"])
+    by_row.setdefault(key, {})[c.conditions["workload"]] = c
+  # A method with several drafters (results of different sweeps) names the drafter too.
+  drafters: dict[str, set] = {}
+  for *_, method, _, drafter in by_row:
+    drafters.setdefault(method, set()).add(drafter)
+  rows = []
+  for key, per_w in by_row.items():
+    cs = [per_w.get(w) for w in workloads]
+    present = [c for c in cs if c is not None]
+    label = _method_label(present[0])
+    if len(drafters[present[0].method]) > 1:
+      label += f" [{present[0].conditions['drafter']}]"
+    pairs = [_pair(c) for c in cs] + [_mean_pair(present)]
+    rows.append([*map(str, key[: len(lead)]), label, *[x for pair in pairs for x in pair]])
+  short = {"temperature": "T", "prompt_tokens": "prompt"}
   return Table(
     "Speedup and τ by method and workload",
     _caption(
-      constant, drafted, "cells: speedup (decode tok/s vs no draft) / τ; Mean: over workloads"
+      constant,
+      drafted,
+      "speedup: decode tok/s vs no draft on the same workload; Mean: over the row's workloads",
     ),
-    ["method", *workloads, "Mean"],
-    out,
+    [*(short.get(f, f) for f in lead), "method", *["speedup", "τ"] * (len(workloads) + 1)],
+    [("", rows)],
     [],
+    [("", len(lead) + 1), *[(w, 2) for w in workloads], ("Mean", 2)],
   )
 
 
-def _pair(c: Cell | None) -> str:
+def _pair(c: Cell | None) -> tuple[str, str]:
   if c is None:
-    return ""
-  return f"{_speedup(c)}/{_value(c, 'tau', 2)}"
+    return "", ""
+  return _speedup(c), _value(c, "tau", 2)
 
 
-def _mean_pair(cs: list[Cell]) -> str:
-  if not cs:
-    return ""
+def _mean_pair(cs: list[Cell]) -> tuple[str, str]:
   tau = _fmt(float(np.nanmean([c.mean["tau"] for c in cs])), 2)
   if not all(c.speedup_gate for c in cs):
-    return f"{WITHHELD}/{tau}"
+    return WITHHELD, tau
   sp = [c.speedup for c in cs if not math.isnan(c.speedup)]
-  return f"{np.mean(sp):.2f}×/{tau}" if sp else f"—/{tau}"
+  return (f"{np.mean(sp):.2f}×" if sp else "—"), tau
 
 
 def concurrency(cells: list[Cell], baseline: str = DEFAULT_BASELINE) -> Table:
@@ -542,13 +559,19 @@ def build(
 # --- rendering ----------------------------------------------------------------------------------
 
 
+def _group_of_columns(t: Table) -> list[str]:
+  """Each header column's group title ("" where none)."""
+  return [title for title, n in t.groups for _ in range(n)] or [""] * len(t.header)
+
+
 def to_markdown(t: Table) -> str:
   lines = [f"### {t.title}", "", t.caption, ""]
   align = "|" + "|".join(["---"] + ["---:"] * (len(t.header) - 1)) + "|"
+  header = [f"{g} {h}" if g else h for g, h in zip(_group_of_columns(t), t.header, strict=True)]
   for title, rows in t.blocks:
     if title:
       lines += [f"**{title}**", ""]
-    lines += ["| " + " | ".join(t.header) + " |", align]
+    lines += ["| " + " | ".join(header) + " |", align]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines.append("")
   lines += [f"* {n}" for n in t.notes]
@@ -593,8 +616,18 @@ def to_latex(t: Table) -> str:
     rf"\caption{{{latex_escape(t.title)}. {latex_escape(t.caption)}}}",
     r"\begin{tabular}{l" + "r" * (n - 1) + "}",
     r"\toprule",
-    " & ".join(latex_escape(h) for h in t.header) + r" \\",
   ]
+  if t.groups:
+    spans, rules, col = [], [], 1
+    for title, n in t.groups:
+      if title:
+        spans.append(rf"\multicolumn{{{n}}}{{c}}{{{latex_escape(title)}}}")
+        rules.append(rf"\cmidrule(lr){{{col}-{col + n - 1}}}")
+      else:
+        spans.append(" & " * (n - 1))  # n empty cells
+      col += n
+    lines += [" & ".join(spans) + r" \\", "".join(rules)]
+  lines.append(" & ".join(latex_escape(h) for h in t.header) + r" \\")
   for title, rows in t.blocks:
     lines.append(r"\midrule")
     if title:

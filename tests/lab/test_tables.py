@@ -109,20 +109,80 @@ def test_context_table(tmp_path):
   assert (tmp_path / "tau_vs_ctx.png").exists()
 
 
-def test_method_workload_table(tmp_path):
+def _method_workload_rows(
+  workloads=(("humaneval", 1.0), ("mtbench", 0.5)), temperatures=(0.0, 1.0)
+):
   rows = []
-  for t in (0.0, 1.0):
-    for w, scale in (("humaneval", 1.0), ("mtbench", 0.5)):
+  for t in temperatures:
+    for w, scale in workloads:
       over = {"temperature": t, "workload": w}
       rows.append(_row("null", 0, [[10]], 100.0, 0, **over))
       rows.append(_row("ngram", 2, [[2, 3, 5]], 100.0 + 100 * scale, 0, **over))
       rows.append(_row("eagle3", 4, [[0, 0, 0, 5, 5]], 300.0 * scale, 0, **over))
+  return rows
+
+
+def test_method_workload_is_one_table_with_a_column_group_per_workload(tmp_path):
+  rows = _method_workload_rows()
+  # Drafters name their checkpoints: a condition that varies with the method, not a block.
+  for r in rows:
+    r["drafter"] = {"eagle3": "zoo:eagle3"}.get(r["method"], r["method"])
   md, _ = table_main.run(_write(tmp_path, rows), "method_workload")
-  assert "| method | humaneval | mtbench | Mean |" in md
-  assert "| ngram (k=2) | 2.00×/2.30 | 1.50×/2.30 | 1.75×/2.30 |" in md
-  assert "| eagle3 (k=4) | 3.00×/4.50 | 1.50×/4.50 | 2.25×/4.50 |" in md
-  assert "**T=0.0**" in md and "**T=1.0**" in md
-  assert "null (k=0)" not in md
+  head = (
+    "| T | method | humaneval speedup | humaneval τ | mtbench speedup | mtbench τ | Mean speedup"
+  )
+  assert head + " | Mean τ |" in md and md.count("| T | method |") == 1
+  body = [
+    line for line in md.splitlines() if line.startswith("| 0.0 |") or line.startswith("| 1.0 |")
+  ]
+  assert body == [
+    "| 0.0 | ngram (k=2) | 2.00× | 2.30 | 1.50× | 2.30 | 1.75× | 2.30 |",
+    "| 0.0 | eagle3 (k=4) | 3.00× | 4.50 | 1.50× | 4.50 | 2.25× | 4.50 |",
+    "| 1.0 | ngram (k=2) | 2.00× | 2.30 | 1.50× | 2.30 | 1.75× | 2.30 |",
+    "| 1.0 | eagle3 (k=4) | 3.00× | 4.50 | 1.50× | 4.50 | 2.25× | 4.50 |",
+  ]
+  assert "**" not in md and "null (k=0)" not in md  # no blocks; the baseline is no row
+  tex = (tmp_path / "table_method_workload.tex").read_text()
+  assert r" &  & \multicolumn{2}{c}{humaneval} & \multicolumn{2}{c}{mtbench} & " in tex
+  assert r"\cmidrule(lr){3-4}\cmidrule(lr){5-6}\cmidrule(lr){7-8}" in tex
+  assert r"T & method & speedup & $\tau$ & speedup & $\tau$ & speedup & $\tau$ \\" in tex
+  assert tex.count(r"\midrule") == 1
+
+
+def test_method_workload_marks_gaps_withheld_figures_and_drafters():
+  rows = _method_workload_rows(temperatures=(0.0,))
+  rows = [r for r in rows if not (r["method"] == "eagle3" and r["workload"] == "mtbench")]
+  for r in rows:
+    if r["method"] == "ngram" and r["workload"] == "mtbench":
+      r["gate_passed"] = False
+  other = _row("ngram", 2, [[10, 0, 0]], 100.0, 0, drafter="ngram_max8")  # another sweep's
+  md = tables.to_markdown(tables.build([*rows, other], "method_workload"))
+  assert "| method | humaneval speedup |" in md  # T is constant: in the caption, no column
+  assert "| ngram (k=2) [None] | 2.00× | 2.30 | n/a† | 2.30 | n/a† | 2.30 |" in md
+  assert "| ngram (k=2) [ngram_max8] | 1.00× | 1.00 |  |  | 1.00× | 1.00 |" in md
+  assert "| eagle3 (k=4) | 3.00× | 4.50 |  |  | 3.00× | 4.50 |" in md
+  assert tables.GATE_NOTE in md
+
+
+def test_table_cli_reads_several_results_files_and_globs(tmp_path):
+  import subprocess
+  import sys
+
+  for w, scale in (("humaneval", 1.0), ("mtbench", 0.5)):
+    (tmp_path / w).mkdir()
+    _write(tmp_path / w, _method_workload_rows(((w, scale),), (0.0,)))
+  extra = tmp_path / "extra.jsonl"
+  cmd = [sys.executable, "-m", "experiments.table", "--layout=method_workload"]
+  first = f"--results={tmp_path}/humaneval/results.jsonl"
+  p = subprocess.run(
+    [*cmd, f"--results={tmp_path}/*/results.jsonl", first], capture_output=True, text=True
+  )
+  assert p.returncode == 0, p.stderr
+  assert "| method | humaneval speedup | humaneval τ | mtbench speedup |" in p.stdout
+  assert "| ngram (k=2) | 2.00× | 2.30 | 1.50× | 2.30 | 1.75× | 2.30 |" in p.stdout
+  assert (tmp_path / "humaneval" / "table_method_workload.tex").exists()  # beside the first
+  p = subprocess.run([*cmd, f"{first},{extra}"], capture_output=True, text=True)
+  assert p.returncode != 0 and f"--results: no file matches '{extra}'" in p.stderr
 
 
 def test_concurrency_table(tmp_path):
