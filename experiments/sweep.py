@@ -27,7 +27,7 @@ def main(argv):
   except (SweepError, ResultsError, CheckpointError) as e:
     sys.exit(f"sweep: {e}")  # one line, exit status 1: the flag, the value, what is allowed
   if _PLOTS.value:
-    for layout in ("draft_budget", "per_position"):
+    for layout in ("draft_budget", "per_position", "context"):
       _, written = report.run(f"{_OUT.value}/results.jsonl", layout)
       print("wrote", ", ".join(str(p) for p in written))
 
