@@ -75,7 +75,6 @@ class _Plan:
   ids: list
   bucket: int
   slots: int
-  max_new_tokens: int
 
   @property
   def batch(self) -> int:
@@ -114,7 +113,7 @@ def _plan(
   sc = StepConfig(
     model.config, model.dtype, drafter, k, sampling, mode, eos, kv_dtype, prefill_chunk
   )
-  return _Plan(sc, ids, bucket, slots, max_new_tokens)
+  return _Plan(sc, ids, bucket, slots)
 
 
 def generate(
@@ -194,8 +193,8 @@ def generate(
   out = [tokens_np[i, len(p) : lengths_np[i]].tolist() for i, p in enumerate(ids)]
   counts = {
     name: np.asarray(getattr(st, name))
-    for name in ("steps", "proposed", "accepted", "accept_hist", "censored_hist")
-  } | {"emitted_by_bucket": np.asarray(st.emitted_by_bucket)}
+    for name in ("steps", "proposed", "accepted", *metrics.COUNTS)
+  }
   steps_B = counts["steps"]
   loop_steps = int(steps_B.max())
   # Every step costs the batch the same (fixed shapes), so a row that stopped after steps_B[i] of

@@ -115,12 +115,13 @@ def compile_cells(runner, cells: list, workers: int) -> tuple[int, float]:
   if workers == 0:
     return 0, 0.0
   t0 = time.perf_counter()
-  shapes = {
-    dataclasses.replace(c, workload="", prompt_tokens=runner.bucket(c), sample_seed=0): c
-    for c in reversed(cells)
-  }
-  cells = list(reversed(shapes.values()))
-  first = {c.target_format: c for c in reversed(cells)}
+  shapes, first = {}, {}
+  for c in cells:
+    shape = dataclasses.replace(c, workload="", prompt_tokens=runner.bucket(c), sample_seed=0)
+    shapes.setdefault(shape, c)
+  cells = list(shapes.values())
+  for c in cells:
+    first.setdefault(c.target_format, c)
   built = sum(runner.compile_ahead(c) for c in first.values())
   rest = [c for c in cells if c not in first.values()]
   with ThreadPoolExecutor(max_workers=workers) as pool:
