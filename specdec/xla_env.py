@@ -97,4 +97,7 @@ def enable_compile_cache() -> str | None:
   path = Path(chosen) if chosen else default_cache_dir()
   path.mkdir(parents=True, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", str(path))
+  # Every executable, however quick to build (jax's default keeps only those over 1 s): a second
+  # run of a sweep then compiles nothing.
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   return str(path)

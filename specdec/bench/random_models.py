@@ -158,5 +158,6 @@ def synthetic_state(config: ModelConfig, batch: int, slots: int, start: int, k: 
     draft=(),
     key=jax.random.key(0),
     done=jnp.zeros((batch,), bool),
-    **{name: jnp.copy(z) for name, z in counters(batch, k).items()},  # one zeros array, shared
+    reject=jnp.asarray(False),
+    **jax.device_put(counters(batch, k)),
   )

@@ -8,7 +8,9 @@ Modes (`Mode`):
   fullq   Leviathan/Chen with the draft's own distribution q: accept with min(1, p/q); on the first
           rejection sample from norm(max(p - q, 0)).
   reject  every draft rejected: the same-shape baseline (verify width k+1, one token per step).
-Under greedy sampling (temperature 0) every mode reduces to `greedy`.
+Under greedy sampling (temperature 0) every mode reduces to `greedy`. `reject` is also a run-time
+flag (`accept(..., reject=)`, the decode state's `reject`), so the baseline runs the executable of
+the mode it is compared with: `base_mode` names that mode.
 In all modes, when all k drafts are accepted, the bonus token is drawn from p_k.
 
 Shapes (docs/design.md, "Shape letters"): B rows, J = k draft positions, T = k+1 verify positions,
@@ -34,29 +36,34 @@ def validate_mode(mode: str, s: Sampling) -> None:
     raise ValueError("acceptance='greedy' needs temperature=0; use 'onehot' or 'fullq' to sample")
 
 
-def accept(key, logits_BTV, draft_BJ, q_BJV, s: Sampling, mode: Mode):
+def base_mode(mode: Mode, s: Sampling) -> Mode:
+  """The compiled mode a run of `mode` uses: `reject` runs as greedy or onehot with the flag set."""
+  if mode != "reject":
+    return mode
+  return "greedy" if s.greedy else "onehot"
+
+
+def accept(key, logits_BTV, draft_BJ, q_BJV, s: Sampling, mode: Mode, reject=False):
   """Returns (n_acc [B], out [B, k+1]): out[:, :n_acc] are the accepted drafts, out[:, n_acc] the
   corrected or bonus token; entries after n_acc are meaningless.
 
   logits_BTV: target logits at the T = k+1 verify positions; draft_BJ: the k drafts; q_BJV: the
-  draft distributions (read by `fullq` only).
+  draft distributions (read by `fullq` only). reject (a bool, traced or not): every draft is
+  rejected and the next token drawn from p_0, as mode `reject`.
   """
   B, T, V = logits_BTV.shape
   k = T - 1
+  reject = jnp.asarray(reject) | (mode == "reject")
+  mode = base_mode(mode, s)
   if s.greedy or mode == "greedy":
     target_BT = jnp.argmax(logits_BTV, -1).astype(jnp.int32)
-    if mode == "reject":
-      return jnp.zeros((B,), jnp.int32), target_BT
     ok_BJ = draft_BJ == target_BT[:, :k]
     n_acc_B = jnp.sum(jnp.cumprod(ok_BJ, -1), -1).astype(jnp.int32)
-    return n_acc_B, target_BT
+    return jnp.where(reject, 0, n_acc_B), target_BT
 
   p_BTV = probs(logits_BTV, s)
   key_u, key_s = jax.random.split(key)
   b_B = jnp.arange(B)
-  if mode == "reject":
-    return jnp.zeros((B,), jnp.int32), jnp.broadcast_to(sample(key_s, p_BTV[:, 0])[:, None], (B, T))
-
   p_draft_BJ = jnp.take_along_axis(p_BTV[:, :k], draft_BJ[..., None], -1)[..., 0]
   u_BJ = jax.random.uniform(key_u, (B, k))
   if mode == "onehot":
@@ -65,11 +72,12 @@ def accept(key, logits_BTV, draft_BJ, q_BJV, s: Sampling, mode: Mode):
     q_draft_BJ = jnp.take_along_axis(q_BJV, draft_BJ[..., None], -1)[..., 0]
     ok_BJ = u_BJ * q_draft_BJ < p_draft_BJ
   n_acc_B = jnp.sum(jnp.cumprod(ok_BJ, -1), -1).astype(jnp.int32)
+  n_acc_B = jnp.where(reject, 0, n_acc_B)
 
   # The distribution for the token after the accepted prefix: residual at a rejection, p_k if all
-  # were accepted.
+  # were accepted, p_0 itself where every draft is rejected by the flag (no draft was tested).
   p_BV = p_BTV[b_B, n_acc_B]
-  rejected_B = n_acc_B < k
+  rejected_B = (n_acc_B < k) & ~reject
   if k > 0:
     at = jnp.minimum(n_acc_B, k - 1)
     if mode == "onehot":

@@ -17,9 +17,9 @@ import numpy as np
 
 from specdec import metrics, xla_env
 from specdec.decoding import memory
-from specdec.decoding.accept import Mode, validate_mode
+from specdec.decoding.accept import Mode, base_mode, validate_mode
 from specdec.decoding.compiles import CompileCounter
-from specdec.decoding.step import PREFILL_CHUNK, StepConfig, decode_chunk, prefill
+from specdec.decoding.step import PREFILL_CHUNK, StepConfig, decode_chunk, prefill, prefill_fields
 from specdec.drafters.null import null
 from specdec.ops.kv_cache import check_kv_dtype
 from specdec.ops.sampling import Sampling
@@ -72,6 +72,7 @@ class _Plan:
   """What generate runs, fixed before anything compiles: the step, the shapes, the inputs."""
 
   sc: StepConfig
+  mode: Mode  # as asked; sc.mode is the compiled one (`reject` runs as a flag, accept.base_mode)
   ids: list
   bucket: int
   slots: int
@@ -111,9 +112,10 @@ def _plan(
   if prefill_chunk < 1 or prefill_chunk & (prefill_chunk - 1):
     raise ValueError(f"prefill_chunk must be a power of two, got {prefill_chunk}")
   sc = StepConfig(
-    model.config, model.dtype, drafter, k, sampling, mode, eos, kv_dtype, prefill_chunk
-  )
-  return _Plan(sc, ids, bucket, slots)
+    model.config, model.dtype, drafter, k, sampling, base_mode(mode, sampling), eos, kv_dtype,
+    prefill_chunk,
+  )  # fmt: skip
+  return _Plan(sc, mode, ids, bucket, slots)
 
 
 def generate(
@@ -155,7 +157,7 @@ def generate(
     min_bucket, kv_dtype, memory_fraction, prefill_chunk,
   )  # fmt: skip
   sc, ids, bucket, slots, B = plan.sc, plan.ids, plan.bucket, plan.slots, plan.batch
-  drafter, k, mode = sc.drafter, sc.k, sc.mode
+  drafter, k, mode = sc.drafter, sc.k, plan.mode
   prompt_BT = np.zeros((B, bucket), np.int32)
   for i, p in enumerate(ids):
     prompt_BT[i, : len(p)] = p
@@ -173,6 +175,7 @@ def generate(
       jax.random.key(seed),
       sc,
       slots,
+      reject=mode == "reject",
     )
     done = np.asarray(st.done)
     t1 = time.perf_counter()
@@ -232,9 +235,10 @@ def generate(
   return Generation(tokens=out, texts=[model.decode(o) for o in out], stats=stats)
 
 
-def compile_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> int:
+def compile_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> CompileCounter:
   """Compiles the prefill and decode chunk that `generate(model, prompts, max_new_tokens, **kw)`
-  runs, without running them; returns how many executables were built. With the persistent
+  runs, without running them; returns what was built (count, of which hits came from the
+  persistent cache, and seconds). With the persistent
   compilation cache on, the later `generate` loads them instead of compiling: a sweep compiles
   its cells ahead of time this way, several at once (XLA releases the GIL while it compiles)."""
   args = inspect.signature(generate).bind(model, prompts, max_new_tokens, **kw)
@@ -247,7 +251,7 @@ def compile_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> int:
   key = jax.eval_shape(lambda: jax.random.key(0))
   inputs = (model.params, sc.drafter.params, i32(B, plan.bucket), i32(B), i32(B), key)
   with CompileCounter() as built:
-    prefill.lower(*inputs, sc, plan.slots).compile()
+    prefill_fields.lower(*inputs, sc.for_prefill, plan.slots).compile()
     st = jax.eval_shape(functools.partial(prefill, sc=sc, slots=plan.slots), *inputs)
     decode_chunk.lower(model.params, sc.drafter.params, st, sc, CHUNK_STEPS).compile()
-  return built.count
+  return built

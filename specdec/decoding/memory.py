@@ -13,6 +13,7 @@ device) minus what is already resident (params, drafters). 1 - fraction is the h
 activations and XLA's workspace, which the plan does not model.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -117,7 +118,8 @@ def state_cost(model, drafter, k: int, batch: int, bucket: int, slots: int, kv_d
   )
 
   def size(s: int) -> int:
-    return tree_bytes(prefill.eval_shape(model.params, drafter.params, *args, sc, s))
+    fn = functools.partial(prefill, sc=sc, slots=s)
+    return tree_bytes(jax.eval_shape(fn, model.params, drafter.params, *args))
 
   at_s, grown = size(slots), size(slots + PROBE_SLOTS)
   slot_bytes = -(-(grown - at_s) // (PROBE_SLOTS * batch))

@@ -10,6 +10,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec import metrics
 from specdec.models.transformer import KVCache
@@ -30,6 +31,7 @@ class DecodeState:
   draft: Any  # the drafter's own state
   key: jax.Array
   done: jax.Array  # [B] bool
+  reject: jax.Array  # [] bool: every draft rejected (the same-shape baseline), a run-time choice
   steps: jax.Array  # [B] target forwards after prefill
   proposed: jax.Array  # [B]
   accepted: jax.Array  # [B]
@@ -43,12 +45,14 @@ class DecodeState:
 
 
 def counters(B: int, k: int) -> dict:
-  z = jnp.zeros((B,), jnp.int32)
+  """The state's counters at zero, as host arrays (no executable builds them); each its own
+  buffer, since the state is donated and a buffer cannot be donated twice."""
+  n = metrics.n_ctx_buckets()
   return dict(
-    steps=z,
-    proposed=z,
-    accepted=z,
-    accept_hist=jnp.zeros((B, metrics.n_ctx_buckets(), k + 1), jnp.int32),
-    censored_hist=jnp.zeros((B, metrics.n_ctx_buckets(), k + 1), jnp.int32),
-    emitted_by_bucket=jnp.zeros((B, metrics.n_ctx_buckets()), jnp.int32),
+    steps=np.zeros((B,), np.int32),
+    proposed=np.zeros((B,), np.int32),
+    accepted=np.zeros((B,), np.int32),
+    accept_hist=np.zeros((B, n, k + 1), np.int32),
+    censored_hist=np.zeros((B, n, k + 1), np.int32),
+    emitted_by_bucket=np.zeros((B, n), np.int32),
   )

@@ -20,6 +20,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec.decoding.accept import Mode, accept
 from specdec.decoding.state import DecodeState, counters, ctx_bucket
@@ -51,6 +52,11 @@ class StepConfig:
   @property
   def module(self) -> Transformer:
     return Transformer(self.config, self.dtype)
+
+  @property
+  def for_prefill(self) -> "StepConfig":
+    """The fields the prefill reads; the others fixed, so k and mode share its executable."""
+    return dataclasses.replace(self, k=0, mode="onehot")
 
   @property
   def draft_sampling(self) -> sampling_lib.Sampling:
@@ -98,10 +104,11 @@ def _prompt_forward(params, prompt_BT, last_BP, cache: KVCache, sc: StepConfig) 
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "slots"))
-def prefill(
-  params, draft_params, prompt_BT, prompt_lengths_B, max_new_B, key, sc: StepConfig, slots
-):
-  """Runs the prompt bucket through the target, samples the first token, builds the state."""
+def prefill_fields(
+  params, draft_params, prompt_BT, prompt_lengths_B, max_new_B, key, sc, slots
+) -> dict:
+  """The prompt bucket through the target, the first token sampled, the drafter's state built:
+  every field of the decode state but the counters (they alone depend on k)."""
   B, T = prompt_BT.shape
   cache = KVCache.zeros(sc.config, B, slots, sc.kv_dtype or sc.dtype)
   out = _prompt_forward(params, prompt_BT, (prompt_lengths_B - 1)[:, None], cache, sc)
@@ -109,19 +116,33 @@ def prefill(
   first_B = sampling_lib.sample(sub, sampling_lib.probs(out.logits[:, 0], sc.sampling))
   tokens_BS = jnp.zeros((B, slots), jnp.int32).at[:, :T].set(prompt_BT)
   tokens_BS = tokens_BS.at[jnp.arange(B), prompt_lengths_B].set(first_B)
-  lengths_B = prompt_lengths_B + 1
-  draft = sc.drafter.init(draft_params, prompt_BT, prompt_lengths_B, out)
-  return DecodeState(
+  return dict(
     tokens=tokens_BS,
-    lengths=lengths_B,
+    lengths=prompt_lengths_B + 1,
     prompt_lengths=prompt_lengths_B,
     max_new=max_new_B,
     cache=out.cache,
-    draft=draft,
+    draft=sc.drafter.init(draft_params, prompt_BT, prompt_lengths_B, out),
     key=key,
     done=_is_eos(first_B, sc.eos_ids) | (max_new_B <= 1),
-    **counters(B, sc.k),
   )
+
+
+def prefill(
+  params, draft_params, prompt_BT, prompt_lengths_B, max_new_B, key, sc: StepConfig, slots,
+  reject: bool = False,
+) -> DecodeState:  # fmt: skip
+  """Runs the prompt bucket through the target, samples the first token, builds the state.
+
+  One executable serves every k and acceptance mode of a (drafter, sampling, bucket, slots): the
+  counters, whose shapes follow k, are zeros made on the host. reject=True makes the state's steps
+  reject every draft: the same-shape baseline, run by the same step executable as the cell."""
+  B = prompt_BT.shape[0]
+  fields = prefill_fields(
+    params, draft_params, prompt_BT, prompt_lengths_B, max_new_B, key, sc.for_prefill, slots
+  )
+  host = dict(reject=np.asarray(reject), **counters(B, sc.k))
+  return DecodeState(**fields, **jax.device_put(host))
 
 
 def emit_counts(n_acc_B, emit_BT, budget_B, done_B, eos_ids: tuple[int, ...]):
@@ -163,7 +184,9 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
     out = sc.module.apply(params, verify_BT, positions_BT, st.cache, taps=sc.drafter.taps)
 
   with jax.named_scope("accept"):
-    n_acc_B, emit_BT = accept(k_accept, out.logits, draft_BJ, q_BJV, sc.sampling, sc.mode)
+    n_acc_B, emit_BT = accept(
+      k_accept, out.logits, draft_BJ, q_BJV, sc.sampling, sc.mode, reject=st.reject
+    )
     n_emit_B, eos_B = emit_counts(n_acc_B, emit_BT, st.max_new - st.generated, st.done, sc.eos_ids)
 
   with jax.named_scope("commit"):

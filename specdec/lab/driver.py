@@ -81,7 +81,7 @@ def _run(cfg, out: Path, progress: bool, workers: int) -> str:
   done = {sweep.cell_of(r): r for r in rows}
   units = [(leg, c) for leg in range(cfg.legs) for c in cells]
   todo = [(leg, c) for leg, c in units if (*dataclasses.astuple(c), leg) not in done]
-  built, compile_s = compile_cells(runner, list(dict.fromkeys(c for _, c in todo)), workers)
+  (built, hits), compile_s = compile_cells(runner, list(dict.fromkeys(c for _, c in todo)), workers)
   bar = tqdm(
     total=len(units), initial=len(units) - len(todo), disable=not progress, file=sys.stderr
   )
@@ -99,21 +99,23 @@ def _run(cfg, out: Path, progress: bool, workers: int) -> str:
   bar.close()
   in_cells = sum(done[(*dataclasses.astuple(c), leg)]["compile_s"] or 0 for leg, c in todo)
   print(
-    f"sweep: {len(todo)} (cell, leg)s; compiled ahead {built} executables in {compile_s:.1f} s "
-    f"on {max(workers, 1)} threads; measured in {sum(measured):.1f} s, of which "
+    f"sweep: {len(todo)} (cell, leg)s; compiled ahead {built} executables ({hits} loaded from "
+    f"the persistent cache) in {compile_s:.1f} s on {max(workers, 1)} threads; measured in "
+    f"{sum(measured):.1f} s, of which "
     f"{in_cells:.1f} s were compiles inside cells",
     file=sys.stderr,
   )
   return tables.to_markdown(tables.build(results.load_rows(path), "draft_budget"))
 
 
-def compile_cells(runner, cells: list, workers: int) -> tuple[int, float]:
-  """(executables built, wall seconds) of compiling every cell's timed shapes ahead of time, once
+def compile_cells(runner, cells: list, workers: int) -> tuple[tuple[int, int], float]:
+  """((executables built, of which cache loads), wall seconds) of compiling every cell's shapes
+  ahead of time, once
   per shape (cells whose prompts share a bucket, or that differ only in seed, share executables).
   The first cell of each target format runs alone (it quantizes that target); the rest in
   parallel. workers = 0: nothing ahead, each cell compiles what it runs."""
   if workers == 0:
-    return 0, 0.0
+    return (0, 0), 0.0
   t0 = time.perf_counter()
   shapes, first = {}, {}
   for c in cells:
@@ -122,8 +124,9 @@ def compile_cells(runner, cells: list, workers: int) -> tuple[int, float]:
   cells = list(shapes.values())
   for c in cells:
     first.setdefault(c.target_format, c)
-  built = sum(runner.compile_ahead(c) for c in first.values())
+  counts = [runner.compile_ahead(c) for c in first.values()]
   rest = [c for c in cells if c not in first.values()]
   with ThreadPoolExecutor(max_workers=workers) as pool:
-    built += sum(pool.map(runner.compile_ahead, rest))
-  return built, time.perf_counter() - t0
+    counts += list(pool.map(runner.compile_ahead, rest))
+  built, hits = sum(c[0] for c in counts), sum(c[1] for c in counts)
+  return (built, hits), time.perf_counter() - t0

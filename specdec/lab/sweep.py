@@ -376,12 +376,23 @@ class Runner:
     model, ids, kwargs = self._call(cell, ids, seed, drafter_name, temperature, acceptance)
     return generate(model, ids, **kwargs)
 
-  def compile_ahead(self, cell: Cell) -> int:
-    """Builds the executables the cell's timed batches run (their shapes do not change with the
-    leg), without running them; returns how many were built. Safe to call from several threads."""
-    ids = self.prompt_ids(cell, 0)[: cell.batch]
-    model, ids, kwargs = self._call(cell, ids, 0)
-    return compile_ahead(model, ids, **kwargs)
+  def compile_ahead(self, cell: Cell) -> tuple[int, int]:
+    """Builds the executables the cell runs (their shapes do not change with the leg), without
+    running them: its batches, and for a sampled cell the greedy gate check; the same-shape
+    baseline runs the greedy executable (`reject` is a run-time flag). Returns (executables
+    built, of which loaded from the persistent cache). Safe to call from several threads."""
+    ids = self.prompt_ids(cell, 0)
+    calls = [(ids[: cell.batch], {})]
+    if cell.temperature:
+      gate = ids[:GATE_PROMPTS]
+      calls += [(gate, dict(drafter_name="null", temperature=0.0))]
+      calls += [(gate, dict(temperature=0.0, acceptance="greedy"))]
+    built = hits = 0
+    for prompts, kw in calls:
+      model, prompts, kwargs = self._call(cell, prompts, 0, **kw)
+      c = compile_ahead(model, prompts, **kwargs)
+      built, hits = built + c.count, hits + c.hits
+    return built, hits
 
   def run(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
     with CompileCounter() as built:
@@ -443,16 +454,17 @@ class Runner:
       return "baseline", True
     if cell.temperature == 0:
       return "greedy outputs == no-draft arm, same leg", sha == baseline_sha
-    # Sampled cell: greedy check of the same drafter and k on the first two prompts.
-    ids = self.prompt_ids(cell, leg)[:2]
+    # Sampled cell: greedy check of the same drafter and k on the first prompts.
+    ids = self.prompt_ids(cell, leg)[:GATE_PROMPTS]
     key = (cell.workload, cell.prompt_tokens, leg)
     if key not in self._greedy_ref:
       self._greedy_ref[key] = self._generate(cell, ids, 0, "null", 0.0).tokens
     out = self._generate(cell, ids, 0, temperature=0.0, acceptance="greedy").tokens
     if out == self._greedy_ref[key]:
-      return "greedy check (2 prompts) == no-draft arm", True
+      return f"greedy check ({len(ids)} prompts) == no-draft arm", True
     same = self._generate(cell, ids, 0, temperature=0.0, acceptance="reject").tokens
-    return "greedy check (2 prompts) == same-shape baseline (not == no-draft arm)", out == same
+    gate = f"greedy check ({len(ids)} prompts) == same-shape baseline (not == no-draft arm)"
+    return gate, out == same
 
   def _batches(self, cell: Cell, ids, seed: int, **kw):
     """The cell's generations over ids, cell.batch prompts at a time."""
@@ -460,6 +472,7 @@ class Runner:
       yield self._generate(cell, ids[i : i + cell.batch], seed + i, **kw)
 
 
+GATE_PROMPTS = 2  # a sampled cell's greedy check runs its first prompts
 # What a row keeps of each generate call (extra["calls"]).
 CALL_FIELDS = ("loop_steps", "host_syncs", "compiles")
 # The per-request counters of generate's stats["rows"] a row's request entries keep.

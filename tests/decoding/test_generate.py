@@ -174,8 +174,20 @@ def test_compile_ahead_builds_what_generate_then_runs(model):
   # Shapes no other test uses (bucket 32, 13 new tokens, k = 5), so nothing is cached in memory.
   kw = dict(max_new_tokens=13, drafter=ngram(), k=5, min_bucket=32, seed=7)
   built = generate_lib.compile_ahead(model, PROMPTS[:2], **kw)
-  assert built >= 2  # the prefill and the decode chunk
+  assert built.count >= 2 and built.seconds > 0  # the prefill and the decode chunk
   g = specdec.generate(model, PROMPTS[:2], **kw)
   assert g.stats["compiles"] <= 1 and len(g.tokens[0]) == 13  # at most one tiny eager op
   with pytest.raises(TypeError):
     generate_lib.compile_ahead(model, PROMPTS[:2], max_new_tokens=13, nonsense=1)
+
+
+def test_every_k_shares_the_prefill_and_the_baseline_shares_the_step(model):
+  # Shapes no other test uses (bucket 64, 11 new tokens), so nothing is cached in memory.
+  kw = dict(max_new_tokens=11, drafter=ngram(), min_bucket=64)
+  first = specdec.generate(model, PROMPTS[:2], k=3, **kw)
+  assert first.stats["compiles"] >= 2  # the prefill and the k = 3 decode chunk
+  assert specdec.generate(model, PROMPTS[:2], k=6, **kw).stats["compiles"] == 1  # the chunk only
+  same = specdec.generate(model, PROMPTS[:2], k=6, acceptance="reject", **kw)
+  assert same.stats["compiles"] == 0  # the k = 6 chunk, the rejection a run-time flag
+  assert same.stats["accepted"] == 0 and same.stats["acceptance"] == "reject"
+  assert same.tokens == specdec.generate(model, PROMPTS[:2], max_new_tokens=11).tokens

@@ -218,7 +218,7 @@ def test_negative_control_biased_acceptance_fails(small_vocab, monkeypatch):
   """Accepting drafts with probability sqrt(p) instead of p over-produces draft tokens."""
   from specdec.decoding import step as step_lib
 
-  def biased(key, logits_BTV, draft_BJ, q, s, mode):
+  def biased(key, logits_BTV, draft_BJ, q, s, mode, reject=False):
     B, k = draft_BJ.shape
     p_BTV = S.probs(logits_BTV, s)
     p_draft_BJ = jnp.take_along_axis(p_BTV[:, :k], draft_BJ[..., None], -1)[..., 0]
