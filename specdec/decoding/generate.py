@@ -235,12 +235,12 @@ def generate(
   return Generation(tokens=out, texts=[model.decode(o) for o in out], stats=stats)
 
 
-def compile_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> CompileCounter:
-  """Compiles the prefill and decode chunk that `generate(model, prompts, max_new_tokens, **kw)`
-  runs, without running them; returns what was built (count, of which hits came from the
-  persistent cache, and seconds). With the persistent
-  compilation cache on, the later `generate` loads them instead of compiling: a sweep compiles
-  its cells ahead of time this way, several at once (XLA releases the GIL while it compiles)."""
+def lower_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> list:
+  """The prefill and decode chunk that `generate(model, prompts, max_new_tokens, **kw)` runs,
+  traced and lowered (jax `Lowered`s), not yet compiled. Lowering is Python under the GIL and,
+  for Pallas Mosaic GPU kernels, depends on what this process lowered before (their module text
+  differs with the order), so a sweep lowers every cell in one fixed order on one thread (the
+  same HLO, hence the same persistent-cache keys, in every run) and compiles them in parallel."""
   args = inspect.signature(generate).bind(model, prompts, max_new_tokens, **kw)
   args.apply_defaults()
   args.arguments.pop("seed")  # a traced value: every seed shares the executables
@@ -250,8 +250,25 @@ def compile_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> CompileCoun
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
   key = jax.eval_shape(lambda: jax.random.key(0))
   inputs = (model.params, sc.drafter.params, i32(B, plan.bucket), i32(B), i32(B), key)
+  st = jax.eval_shape(functools.partial(prefill, sc=sc, slots=plan.slots), *inputs)
+  return [
+    prefill_fields.lower(*inputs, sc.for_prefill, plan.slots),
+    decode_chunk.lower(model.params, sc.drafter.params, st, sc, CHUNK_STEPS),
+  ]
+
+
+def compile_lowered(lowered) -> CompileCounter:
+  """Compiles one `Lowered` in this thread (XLA releases the GIL); later calls of its shapes run
+  the executable. Returns what was built: 1, a compile or a load from the persistent cache."""
   with CompileCounter() as built:
-    prefill_fields.lower(*inputs, sc.for_prefill, plan.slots).compile()
-    st = jax.eval_shape(functools.partial(prefill, sc=sc, slots=plan.slots), *inputs)
-    decode_chunk.lower(model.params, sc.drafter.params, st, sc, CHUNK_STEPS).compile()
+    lowered.compile()
+  return built
+
+
+def compile_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> CompileCounter:
+  """Compiles what `generate(model, prompts, max_new_tokens, **kw)` runs, without running it;
+  returns what was built (count, of which hits came from the persistent cache, and seconds)."""
+  with CompileCounter() as built:
+    for lowered in lower_ahead(model, prompts, max_new_tokens, **kw):
+      lowered.compile()
   return built

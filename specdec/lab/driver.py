@@ -7,11 +7,12 @@ cells themselves measure; the summary line gives the two times apart.
 """
 
 import dataclasses
+import hashlib
 import os
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from tqdm import tqdm
@@ -19,8 +20,11 @@ from tqdm import tqdm
 import specdec
 from specdec.checkpoint.fingerprint import fingerprint
 from specdec.checkpoint.zoo import resolve_path
+from specdec.decoding.compiles import CompileCounter
+from specdec.decoding.generate import compile_lowered
 from specdec.lab import results, sweep, tables
 from specdec.lab.sweep import SweepError
+from specdec.progress import BAR_FORMAT, clock, eta
 
 
 def run(cfg, out_dir: str, progress: bool = True, compile_workers: int | None = None) -> str:
@@ -81,20 +85,29 @@ def _run(cfg, out: Path, progress: bool, workers: int) -> str:
   done = {sweep.cell_of(r): r for r in rows}
   units = [(leg, c) for leg in range(cfg.legs) for c in cells]
   todo = [(leg, c) for leg, c in units if (*dataclasses.astuple(c), leg) not in done]
-  (built, hits), compile_s = compile_cells(runner, list(dict.fromkeys(c for _, c in todo)), workers)
+  cells_todo = list(dict.fromkeys(c for _, c in todo))
+  (built, hits), compile_s = compile_cells(runner, cells_todo, workers, progress)
   bar = tqdm(
-    total=len(units), initial=len(units) - len(todo), disable=not progress, file=sys.stderr
-  )
+    total=len(units), initial=len(units) - len(todo), disable=not progress, file=sys.stderr,
+    unit="cells", bar_format=BAR_FORMAT,
+  )  # fmt: skip
   measured = []
   for leg, cell in todo:
-    bar.set_description(f"leg {leg} {cell.method} k={cell.k} ctx={cell.prompt_tokens}")
+    bar.set_description(
+      f"leg {leg} {cell.workload} {cell.method} k={cell.k} ctx={cell.prompt_tokens} "
+      f"T={cell.temperature}"
+    )
     base = done.get(sweep.baseline_key(cell, leg))
     t0 = time.perf_counter()
     row = runner.run(cell, leg, base["extra"]["output_sha"] if base else None)
     measured.append(time.perf_counter() - t0)
     results.append_row(path, row)
     done[sweep.cell_of(row)] = row
-    bar.set_postfix_str(f"{statistics.mean(measured):.2f} s/cell measured")
+    mean = statistics.mean(measured)
+    left = len(todo) - len(measured)
+    bar.set_postfix_str(
+      f"{eta(left, mean)} at {mean:.2f} s/cell measured (compiled ahead in {clock(compile_s)})"
+    )
     bar.update()
   bar.close()
   in_cells = sum(done[(*dataclasses.astuple(c), leg)]["compile_s"] or 0 for leg, c in todo)
@@ -108,25 +121,37 @@ def _run(cfg, out: Path, progress: bool, workers: int) -> str:
   return tables.to_markdown(tables.build(results.load_rows(path), "draft_budget"))
 
 
-def compile_cells(runner, cells: list, workers: int) -> tuple[tuple[int, int], float]:
-  """((executables built, of which cache loads), wall seconds) of compiling every cell's shapes
-  ahead of time, once
-  per shape (cells whose prompts share a bucket, or that differ only in seed, share executables).
-  The first cell of each target format runs alone (it quantizes that target); the rest in
-  parallel. workers = 0: nothing ahead, each cell compiles what it runs."""
+def compile_cells(
+  runner, cells: list, workers: int, progress: bool = False
+) -> tuple[tuple[int, int], float]:
+  """((executables built, of which cache loads), wall seconds) of building every cell's shapes
+  ahead of time, once per shape (cells whose prompts share a bucket, or that differ only in seed,
+  share executables): lowered on this thread in the cells' order (see `generate.lower_ahead`: a
+  rerun then finds every executable in the persistent cache), compiled on `workers` threads.
+  workers = 0: nothing ahead, each cell compiles what it runs."""
   if workers == 0:
     return (0, 0), 0.0
   t0 = time.perf_counter()
-  shapes, first = {}, {}
+  shapes = {}
   for c in cells:
     shape = dataclasses.replace(c, workload="", prompt_tokens=runner.bucket(c), sample_seed=0)
     shapes.setdefault(shape, c)
-  cells = list(shapes.values())
-  for c in cells:
-    first.setdefault(c.target_format, c)
-  counts = [runner.compile_ahead(c) for c in first.values()]
-  rest = [c for c in cells if c not in first.values()]
+  unique = {}
+  with CompileCounter() as eager:  # quantizing a target format, small eager ops
+    for c in tqdm(
+      shapes.values(), desc="lowering ahead", unit="cells", disable=not progress, file=sys.stderr
+    ):
+      for lowered in runner.lower_ahead(c):
+        unique.setdefault(hashlib.sha256(lowered.as_text().encode()).digest(), lowered)
+  built, hits = eager.count, eager.hits
+  bar = tqdm(
+    total=len(unique), desc="compiling ahead", unit="executables", disable=not progress,
+    file=sys.stderr,
+  )  # fmt: skip
   with ThreadPoolExecutor(max_workers=workers) as pool:
-    counts += list(pool.map(runner.compile_ahead, rest))
-  built, hits = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    for done in as_completed([pool.submit(compile_lowered, lw) for lw in unique.values()]):
+      c = done.result()
+      built, hits = built + c.count, hits + c.hits
+      bar.update()
+  bar.close()
   return (built, hits), time.perf_counter() - t0

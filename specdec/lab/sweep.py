@@ -55,8 +55,8 @@ from specdec.decoding.compiles import CompileCounter
 from specdec.decoding.generate import (
   cache_slots,
   check_cache_room,
-  compile_ahead,
   generate,
+  lower_ahead,
   prompt_bucket,
 )
 from specdec.drafters import draft_lm, ngram, null
@@ -376,23 +376,22 @@ class Runner:
     model, ids, kwargs = self._call(cell, ids, seed, drafter_name, temperature, acceptance)
     return generate(model, ids, **kwargs)
 
-  def compile_ahead(self, cell: Cell) -> tuple[int, int]:
-    """Builds the executables the cell runs (their shapes do not change with the leg), without
-    running them: its batches, and for a sampled cell the greedy gate check; the same-shape
-    baseline runs the greedy executable (`reject` is a run-time flag). Returns (executables
-    built, of which loaded from the persistent cache). Safe to call from several threads."""
+  def lower_ahead(self, cell: Cell) -> list:
+    """The cell's executables (their shapes do not change with the leg), lowered, not compiled:
+    its batches, and for a sampled cell the greedy gate check; the same-shape baseline runs the
+    greedy executable (`reject` is a run-time flag). Lowers in this thread (see
+    `generate.lower_ahead`): call it for every cell in one order, then compile the list."""
     ids = self.prompt_ids(cell, 0)
     calls = [(ids[: cell.batch], {})]
     if cell.temperature:
       gate = ids[:GATE_PROMPTS]
       calls += [(gate, dict(drafter_name="null", temperature=0.0))]
       calls += [(gate, dict(temperature=0.0, acceptance="greedy"))]
-    built = hits = 0
+    lowered = []
     for prompts, kw in calls:
       model, prompts, kwargs = self._call(cell, prompts, 0, **kw)
-      c = compile_ahead(model, prompts, **kwargs)
-      built, hits = built + c.count, hits + c.hits
-    return built, hits
+      lowered += lower_ahead(model, prompts, **kwargs)
+    return lowered
 
   def run(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
     with CompileCounter() as built:

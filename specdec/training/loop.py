@@ -25,6 +25,8 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
+from specdec.progress import BAR_FORMAT, clock
+
 LossFn = Callable[[Any, Any, Any, jax.Array], tuple[jax.Array, dict]]
 
 
@@ -133,10 +135,13 @@ class _Meter:
     self.reset()
 
   def reset(self):
-    self.t0, self.paused, self.tokens = time.perf_counter(), 0.0, 0
+    self.t0, self.paused, self.tokens, self.steps = time.perf_counter(), 0.0, 0, 0
+
+  def seconds(self) -> float:
+    return max(time.perf_counter() - self.t0 - self.paused, 1e-9)
 
   def rate(self) -> float:
-    return self.tokens / max(time.perf_counter() - self.t0 - self.paused, 1e-9)
+    return self.tokens / self.seconds()
 
 
 def fit(
@@ -190,8 +195,11 @@ def fit(
 
   step_fn = jax.jit(partial(_train_step, loss_fn, optimizer), donate_argnums=(0, 1))
   base_key = jax.random.key(seed)
-  bar = tqdm(total=steps, initial=start, desc=desc, disable=not progress, dynamic_ncols=True)
-  meter, window = _Meter(), []
+  bar = tqdm(
+    total=steps, initial=start, desc=desc, disable=not progress, dynamic_ncols=True,
+    unit="steps", bar_format=BAR_FORMAT,
+  )  # fmt: skip
+  meter, window, eval_s = _Meter(), [], []
   compiled = False
   try:
     for step in range(start, steps):
@@ -209,11 +217,19 @@ def fit(
         meter.reset()
       else:
         meter.tokens += n_tokens
+        meter.steps += 1
       if done % log_every == 0 or done == steps:
         means = {k: float(np.mean(v)) for k, v in jax.device_get(_stack(window)).items()}
         entry = {"step": done, **means, "tokens_per_s": round(meter.rate(), 1)}
         history["train"].append(entry)
-        bar.set_postfix(loss=f"{means['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.3g}")
+        per_step = meter.seconds() / max(meter.steps, 1)
+        evals = steps // eval_every - done // eval_every + (steps % eval_every != 0)
+        evals_s = evals * float(np.mean(eval_s)) if eval_fn is not None and eval_s else 0.0
+        bar.set_postfix_str(
+          f"loss={means['loss']:.4f} tok/s={entry['tokens_per_s']:.3g} "
+          f"ETA {clock((steps - done) * per_step + evals_s)} from measured steps and evals "
+          f"(compile {history['compile_s']:.1f} s)"
+        )
         window = []
         meter.reset()
       if eval_fn is not None and (done % eval_every == 0 or done == steps):
@@ -223,7 +239,8 @@ def fit(
         bar.write(" ".join(f"{k}={_fmt(v)}" for k, v in result.items()))
         if on_eval is not None:
           on_eval(params, history)
-        meter.paused += time.perf_counter() - t
+        eval_s.append(time.perf_counter() - t)
+        meter.paused += eval_s[-1]
       if mngr is not None and (done % ckpt_every == 0 or done == steps):
         t = time.perf_counter()
         _save(mngr, done, params, opt_state, batches, history)

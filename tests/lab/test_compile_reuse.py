@@ -1,6 +1,7 @@
 """Compile reuse: a sweep builds each executable once and reuses it in every later cell and leg
 with the same static shapes; each row counts what its (cell, leg) built."""
 
+import dataclasses
 import os
 import re
 
@@ -80,7 +81,44 @@ def test_compiled_ahead_the_cells_build_nothing(tmp_path, capsys):
   # Timed calls build nothing; the process's first warm-up batch builds a few tiny eager ops.
   assert {c["compiles"] for r in rows for c in r["extra"]["calls"] if c["timed"]} == {0}
   assert sum(r["compiles"] for r in rows) <= 4
-  # Three step shapes (null, ngram k=1, k=3; both prompt lengths share one bucket), two prefills
-  # (null's, ngram's for every k), plus the small eager ops around them.
+  # Three step shapes (null, ngram k=1, k=3; both prompt lengths share one bucket), the prefills
+  # (null's and ngram's lower to one module, compiled once), plus the small eager ops around them.
   built = int(re.search(r"compiled ahead (\d+) executables", capsys.readouterr().err).group(1))
-  assert 5 <= built <= 10
+  assert 4 <= built <= 10
+
+
+def test_cells_lower_on_the_calling_thread_in_order_and_compile_on_workers():
+  # Lowering order decides Mosaic GPU kernels' module text, hence the persistent-cache keys: the
+  # sweep lowers on one thread in the cells' order (the same in every run) and dedupes equal
+  # modules before the parallel compiles.
+  import threading
+
+  from specdec.lab.sweep import Cell
+
+  lowered_on, compiled_on = [], []
+
+  class FakeLowered:
+    def __init__(self, text):
+      self.text = text
+
+    def as_text(self):
+      return self.text
+
+    def compile(self):
+      compiled_on.append((self.text, threading.get_ident()))
+
+  class FakeRunner:
+    def bucket(self, cell):
+      return 64
+
+    def lower_ahead(self, cell):
+      lowered_on.append((cell.method, cell.k, threading.get_ident()))
+      return [FakeLowered(f"prefill {cell.method}"), FakeLowered(f"step {cell.method} {cell.k}")]
+
+  cell = Cell("ngram", 1, "w", 0, 0.0, 0, 1.0, "greedy", "bf16", "model", 1, 0)
+  cells = [cell, dataclasses.replace(cell, k=3), dataclasses.replace(cell, workload="v")]
+  driver.compile_cells(FakeRunner(), cells, workers=2)
+  me = threading.get_ident()
+  assert lowered_on == [("ngram", 1, me), ("ngram", 3, me)]  # the third shares the first's shapes
+  assert sorted(t for t, _ in compiled_on) == ["prefill ngram", "step ngram 1", "step ngram 3"]
+  assert all(tid != me for _, tid in compiled_on)

@@ -1,5 +1,7 @@
 """The generic training loop (specdec.training.loop): resume exactness, history, schedule."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -185,3 +187,11 @@ def test_adamw_first_step_is_lr_sized_and_decays_matrices_only():
   small = {"w": jnp.zeros((2, 2)), "scale": jnp.array([1e-4, -3e-3])}
   updates, _ = opt.update(small, opt.init(params), params)
   np.testing.assert_allclose(updates["scale"], [-0.1, 0.1], rtol=1e-3)
+
+
+def test_progress_line_gives_an_eta_from_measured_steps_and_the_compile_apart(capsys):
+  run(None, progress=True)
+  err = capsys.readouterr().err
+  line = [part for part in err.split("\r") if "ETA" in part][-1]
+  assert "30/30 steps" in line and "from measured steps and evals" in line
+  assert re.search(r"ETA 0:00 .*\(compile \d+\.\d s\)", line), line
