@@ -1,4 +1,5 @@
-"""The zoo's DFlash-style block drafter, b = 16."""
+"""The zoo's DFlash block drafter, b = 16 (the block size DFlash ships for Qwen3); otherwise the
+block-8 recipe."""
 
 from configs import train_block8
 

@@ -1,4 +1,10 @@
-"""The zoo's DFlash-style block drafter, b = 8: one draft layer fed by taps of the target."""
+"""The zoo's DFlash block drafter, b = 8, by the DFlash paper's recipe scaled to a 12-layer target:
+5 taps uniformly from the second layer to the third-to-last (1, 3, 5, 7, 9), their features
+injected into every draft layer's K/V, non-causal within the block, the target's embedding and LM
+head frozen, loss weight exp(-(k-1)/gamma), random anchors. Draft layers: 2, the paper's 5-layer
+draft of a 36-layer Qwen3-8B (14% of its layers) scaled to this target (docs/zoo.md). Trained on
+the target's own continuations (the zoo build sets train_file), so a block's labels are the
+target's greedy picks along its own path."""
 
 import ml_collections
 
@@ -9,10 +15,16 @@ def get_config():
   c.target = "zoo:target"
   c.dtype = "bfloat16"
   c.drafter = ml_collections.ConfigDict(
-    dict(num_layers=1, block_size=8, mask_token_id=1)  # <|pad|>: never emitted by the target
+    dict(
+      num_layers=2,
+      block_size=8,
+      target_layer_ids=(1, 3, 5, 7, 9),
+      mask_token_id=1,  # <|pad|>: never emitted by the target
+    )
   )
   c.loss = ml_collections.ConfigDict(dict(anchors=32))
-  c.seq_len = 512
+  c.train_file = "train.npy"  # in the corpus dir (or a path: the zoo build's self-distilled stream)
+  c.seq_len = 1024
   c.batch_size = 32
   c.steps = 3000
   c.lr = 1e-3

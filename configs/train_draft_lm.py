@@ -1,10 +1,11 @@
-"""The zoo's draft LM: 2.9M params (5.5 MiB in bf16), distilled from the target.
+"""The zoo's draft LM: one layer, under 10% of the target's parameters, distilled from the target.
 
   python -m experiments.train_lm --config=configs/train_draft_lm.py --corpus_dir=runs/corpus \
       --out=runs/zoo/draft_lm [--config.teacher=runs/zoo/target]
 
-Pure KL to the target's soft distribution on the training corpus (distill_alpha = 1): acceptance
-depends on matching the target, not the data. Same tokenizer, vocabulary and context as the target
+Pure KL to the target's soft distribution (distill_alpha = 1) on the target's own continuations
+(the zoo build points train_file at the self-distilled stream): acceptance depends on matching the
+target, not the data. Most of its parameters are the embedding (8192 x 128). Same tokenizer, vocabulary and context as the target
 (the draft_lm drafter keeps its own cache at the target's positions); the best held-out KL is
 exported.
 """
@@ -16,11 +17,11 @@ def get_config():
   c = train_target.get_config()
   c.model.update(
     dict(
-      hidden_size=192,
-      intermediate_size=512,
-      num_hidden_layers=3,
-      num_attention_heads=4,
-      num_key_value_heads=2,
+      hidden_size=128,
+      intermediate_size=384,
+      num_hidden_layers=1,
+      num_attention_heads=2,
+      num_key_value_heads=1,
       head_dim=64,
     )
   )

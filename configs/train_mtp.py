@@ -1,5 +1,5 @@
 """The zoo's MTP head (Qwen3-Next layout): one decoder layer on [embedding, target hidden],
-trained with chained drafting to depth 4 so that k > 1 drafts are trained too."""
+trained with chained drafting to depth 7 so that k up to 7 drafts are trained too."""
 
 import ml_collections
 
@@ -9,9 +9,9 @@ from configs import train_block8
 def get_config():
   c = train_block8.get_config()
   c.method = "mtp"
-  c.drafter = ml_collections.ConfigDict({"chain": {"depth": 4, "origins": 32}})
+  c.drafter = ml_collections.ConfigDict({"chain": {"depth": 7, "origins": 32}})
   c.loss = ml_collections.ConfigDict()
   c.batch_size = 16
   c.steps = 2000
-  c.eval_k = 4
+  c.eval_k = 7
   return c

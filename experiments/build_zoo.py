@@ -1,4 +1,5 @@
-"""Retrains the whole tiny zoo, seeded: target, draft LM, MTP, EAGLE-3, block b=8 and b=16.
+"""Retrains the whole tiny zoo, seeded: the target, then its self-distilled data, then the draft LM,
+MTP, EAGLE-3, DFlash block b=8 and b=16 and DFlash2 on that data.
 
   python -m experiments.build_corpus --out_dir runs/corpus --tokens --include_tests  # any Python
   python -m experiments.build_zoo --corpus_dir=runs/corpus --out=specdec/zoo   # on the GPU
@@ -10,8 +11,10 @@ the first unfinished model; --retrain starts from scratch. Time on one H200: doc
 from absl import app, flags, logging
 
 from configs import (
+  selfdistill,
   train_block8,
   train_block16,
+  train_dflash2,
   train_draft_lm,
   train_eagle3,
   train_mtp,
@@ -32,6 +35,8 @@ CONFIGS = {
   "eagle3": train_eagle3,
   "block8": train_block8,
   "block16": train_block16,
+  "dflash2": train_dflash2,
+  "selfdistill": selfdistill,
 }
 
 

@@ -34,8 +34,9 @@ class Method:
   export: Callable  # (path, params) -> None
 
 
-def build_method(cfg, target, train_tokens) -> Method:
-  """cfg.method in {block, mtp, eagle3} with cfg.drafter options and cfg.loss keywords."""
+def build_method(cfg, target, train_tokens, heldout_tokens=None) -> Method:
+  """cfg.method in {block, mtp, eagle3} with cfg.drafter options and cfg.loss keywords (EAGLE-3's
+  `draft_vocab_coverage` sizes its draft vocabulary on `heldout_tokens`)."""
   opts, loss_kw = dict(cfg.drafter), dict(cfg.loss)
   if cfg.method == "block":
     from specdec.drafters.block_config import make_config
@@ -61,9 +62,18 @@ def build_method(cfg, target, train_tokens) -> Method:
     from specdec.training import eagle3 as m
     from specdec.training.mtp import ChainTraining
 
-    size = opts.get("draft_vocab_size") or target.config.vocab_size
+    V = target.config.vocab_size
+    size = opts.get("draft_vocab_size") or V
+    if opts.get("draft_vocab_coverage"):
+      if heldout_tokens is None:
+        raise ValueError("drafter.draft_vocab_coverage needs held-out tokens to measure it on")
+      cover = opts["draft_vocab_coverage"]
+      size = m.vocab_size_for_coverage(train_tokens, heldout_tokens, cover, V)
     ids = draft_vocab_from_tokens(train_tokens, size, target.config.vocab_size)
-    d = m.Eagle3TrainConfig(draft_vocab_size=size, chain=ChainTraining(**opts.get("chain", {})))
+    d = m.Eagle3TrainConfig(
+      draft_vocab_size=size, aux_layer_ids=tuple(opts.get("aux_layer_ids") or ()) or None,
+      chain=ChainTraining(**opts.get("chain", {})),
+    )  # fmt: skip
     return Method(
       lambda key: m.init_params(target, d, key), m.frozen_params(target, ids),
       m.make_loss(target, d), lambda p: m.drafter(target, p, d, ids),
@@ -90,10 +100,11 @@ def make_tau_eval(target, method: Method, prompts, k: int, max_new_tokens: int):
 def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
   """Trains cfg.method against cfg.target on corpus_dir/train.npy; exports to `out`."""
   target = load(resolve_path(cfg.target), dtype=jnp.dtype(cfg.dtype))
-  train_tokens = data.load_tokens(os.path.join(corpus_dir, "train.npy"), cfg.train_tokens)
-  method = build_method(cfg, target, train_tokens)
-  params = method.init(jax.random.key(cfg.seed))
+  train_file = os.path.join(corpus_dir, cfg.get("train_file", "train.npy"))
+  train_tokens = data.load_tokens(train_file, cfg.train_tokens)
   held = np.load(os.path.join(corpus_dir, "heldout.npy"))
+  method = build_method(cfg, target, train_tokens, held)
+  params = method.init(jax.random.key(cfg.seed))
   batches = data.TokenWindows(train_tokens, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
   prompts = heldout_prompts(held, cfg.eval_prompts, cfg.eval_prompt_len)
   eval_fn = make_tau_eval(target, method, prompts, cfg.eval_k, cfg.eval_new_tokens)
@@ -106,6 +117,6 @@ def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
   )  # fmt: skip
   method.export(out, jax.tree.map(np.asarray, params))
   with open(os.path.join(out, "training.json"), "w") as f:
-    json.dump({"config": cfg.to_dict(), "history": history, "device": jax.devices()[0].device_kind},
-              f, indent=1, default=str)  # fmt: skip
+    record = {"config": cfg.to_dict(), "train_file": train_file, "history": history}
+    json.dump({**record, "device": jax.devices()[0].device_kind}, f, indent=1, default=str)
   return history

@@ -21,6 +21,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec.drafters import eagle3 as eagle3_lib
 from specdec.model import forward
@@ -34,6 +35,19 @@ class Eagle3TrainConfig:
   intermediate_size: int | None = None  # None: the target's
   norm_before_residual: bool = False
   chain: ChainTraining = ChainTraining(depth=7)  # DeepSpec's EAGLE-3 heads: ttt7
+
+
+def vocab_size_for_coverage(train_tokens, heldout_tokens, coverage: float, vocab_size: int) -> int:
+  """The fewest most-frequent training ids (ranked as `draft_vocab_from_tokens` ranks them) whose
+  share of the held-out tokens reaches `coverage`: the draft vocabulary can then draft that share
+  of what the target emits."""
+  if not 0 < coverage <= 1:
+    raise ValueError(f"draft_vocab_coverage={coverage}: must be in (0, 1]")
+  counts = np.bincount(np.asarray(train_tokens).ravel(), minlength=vocab_size)[:vocab_size]
+  order = np.lexsort((np.arange(vocab_size), -counts))
+  held = np.bincount(np.asarray(heldout_tokens).ravel(), minlength=vocab_size)[:vocab_size]
+  covered = np.cumsum(held[order]) / max(held.sum(), 1)
+  return int(min(np.searchsorted(covered, coverage - 1e-12) + 1, vocab_size))
 
 
 def head_config(target_model, cfg: Eagle3TrainConfig) -> eagle3_lib.Eagle3Config:

@@ -202,7 +202,8 @@ def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
     if teacher.config.vocab_size != config.vocab_size:
       raise ValueError(f"teacher vocab {teacher.config.vocab_size} != {config.vocab_size}")
 
-  train_tokens = data.load_tokens(os.path.join(corpus_dir, "train.npy"), cfg.train_tokens)
+  train_file = os.path.join(corpus_dir, cfg.get("train_file", "train.npy"))
+  train_tokens = data.load_tokens(train_file, cfg.train_tokens)
   heldout_tokens = data.load_tokens(os.path.join(corpus_dir, "heldout.npy"))
   batches = data.TokenWindows(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed)
   heldout = data.HeldOut(heldout_tokens, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
@@ -245,6 +246,7 @@ def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
   record = {
     "config": cfg.to_dict(),
     "corpus_dir": corpus_dir,
+    "train_file": train_file,
     "params": n_params,
     "train_tokens": int(len(train_tokens)),
     "heldout_tokens": heldout.num_tokens,

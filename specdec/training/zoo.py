@@ -1,15 +1,17 @@
 """The tiny zoo's build: its models in training order, each skipped once it has finished.
 
-The target comes first; the draft LM distils from it and the heads train against it, both read
-back from the zoo directory. A model counts as finished when its directory holds training.json,
-which training writes last, so a build cut short resumes at the first unfinished model.
+The target comes first. Then the target's own continuations of corpus prefixes are generated
+(`selfdistill`, cached in the checkpoint directory, not shipped), and every drafter trains on them:
+the draft LM distils the target's logits there, the heads train against the target read back from
+the zoo directory. A model counts as finished when its directory holds training.json, which
+training writes last, so a build cut short resumes at the first unfinished model.
 """
 
 import os
 
-from specdec.training import drafter, lm
+from specdec.training import drafter, lm, selfdistill
 
-MODELS = ("target", "draft_lm", "mtp", "eagle3", "block8", "block16")
+MODELS = ("target", "draft_lm", "mtp", "eagle3", "block8", "block16", "dflash2")
 
 
 def finished(path: str) -> bool:
@@ -18,9 +20,10 @@ def finished(path: str) -> bool:
 
 def build(configs: dict, corpus_dir: str, out: str, ckpt_dir: str, retrain: bool = False):
   """Trains every model of MODELS (configs[name]: its training config) that `out` does not hold
-  finished (all of them with `retrain`); returns the names trained, in order."""
+  finished (all of them with `retrain`); configs["selfdistill"] (a DistillConfig's fields) sets
+  the drafters' data. Returns the names trained, in order."""
   target = os.path.join(out, "target")
-  trained = []
+  trained, stream = [], None
   for name in MODELS:
     path, ckpt = os.path.join(out, name), os.path.join(ckpt_dir, name)
     if finished(path) and not retrain:
@@ -28,7 +31,14 @@ def build(configs: dict, corpus_dir: str, out: str, ckpt_dir: str, retrain: bool
     cfg = configs[name]
     if name == "target":
       lm.train(cfg, corpus_dir, path, ckpt)
-    elif name == "draft_lm":
+      trained.append(name)
+      continue
+    if stream is None:
+      sd = selfdistill.DistillConfig(**dict(configs["selfdistill"]))
+      corpus = os.path.join(corpus_dir, "train.npy")
+      stream = selfdistill.build(target, corpus, os.path.join(ckpt_dir, "selfdistill"), sd)
+    cfg.train_file = os.path.abspath(stream)
+    if name == "draft_lm":
       cfg.teacher = target
       lm.train(cfg, corpus_dir, path, ckpt)
     else:

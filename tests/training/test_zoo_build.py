@@ -19,19 +19,37 @@ def _fake_train(calls):
 
 
 def test_build_trains_in_order_and_resumes_after_finished_models(tmp_path, monkeypatch):
-  calls = []
+  calls, distilled = [], []
   monkeypatch.setattr(zoo.lm, "train", _fake_train(calls))
   monkeypatch.setattr(zoo.drafter, "train", _fake_train(calls))
+
+  def fake_distill(target, corpus, out_dir, cfg):
+    distilled.append((target, corpus, cfg))
+    return os.path.join(out_dir, "distill.npy")
+
+  monkeypatch.setattr(zoo.selfdistill, "build", fake_distill)
   out = str(tmp_path / "zoo")
-  configs = lambda: {name: ml_collections.ConfigDict() for name in zoo.MODELS}  # noqa: E731
+
+  def configs():
+    c = {name: ml_collections.ConfigDict() for name in zoo.MODELS}
+    return {**c, "selfdistill": ml_collections.ConfigDict({"rows": 8, "seed": 1})}
 
   os.makedirs(f"{out}/target")
   open(f"{out}/target/model.safetensors", "w").close()  # exported, not finished: retrained
   assert zoo.build(configs(), "corpus", out, "ckpt") == list(zoo.MODELS)
   trained = dict(calls)
   assert trained["draft_lm"]["teacher"] == f"{out}/target"
-  for head in ("mtp", "eagle3", "block8", "block16"):
+  for head in ("mtp", "eagle3", "block8", "block16", "dflash2"):
     assert trained[head]["target"] == os.path.abspath(f"{out}/target")
+  # One self-distilled stream, from the target just trained, feeds every drafter; the target
+  # itself trains on the corpus.
+  assert len(distilled) == 1 and distilled[0][0] == f"{out}/target"
+  assert (distilled[0][2].rows, distilled[0][2].seed) == (8, 1)
+  stream = os.path.abspath("ckpt/selfdistill/distill.npy")
+  assert {name: c.get("train_file") for name, c in trained.items()} == {
+    "target": None,
+    **{name: stream for name in zoo.MODELS[1:]},
+  }
 
   assert zoo.build(configs(), "corpus", out, "ckpt") == []  # every model finished
   os.remove(f"{out}/eagle3/training.json")

@@ -1,0 +1,53 @@
+"""The zoo build's recipes (configs/*.py, experiments/build_zoo.py) as the zoo issue states them:
+each drafter's method builds against a 12-layer target and its loss traces; the sizes hold."""
+
+import jax
+import numpy as np
+import pytest
+
+from configs import train_draft_lm, train_target
+from experiments.build_zoo import CONFIGS
+from specdec.drafters.block_config import build_target_layer_ids
+from specdec.training import drafter, lm
+from specdec.training.zoo import MODELS
+from tests.helpers import tiny_model
+
+
+def n_params(cfg) -> int:
+  shapes = jax.eval_shape(lambda: lm.init_params(lm.model_config(cfg), 0))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+def test_target_and_draft_lm_sizes_and_context():
+  target = lm.model_config(train_target.get_config())
+  assert target.num_layers >= 12 and target.max_position_embeddings >= 4096
+  assert train_target.get_config().seq_len == target.max_position_embeddings
+  ratio = n_params(train_draft_lm.get_config()) / n_params(train_target.get_config())
+  assert ratio <= 0.10, ratio
+
+
+def test_every_zoo_model_has_a_recipe():
+  assert set(MODELS) | {"selfdistill"} == set(CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def target12():
+  return tiny_model(num_hidden_layers=12, vocab_size=64)
+
+
+@pytest.mark.parametrize("name", ["mtp", "eagle3", "block8", "block16", "dflash2"])
+def test_each_drafter_recipe_builds_and_its_loss_traces(target12, name):
+  cfg = CONFIGS[name].get_config()
+  rng = np.random.default_rng(0)
+  train, held = rng.integers(0, 64, 4000), rng.integers(0, 64, 1000)
+  method = drafter.build_method(cfg, target12, train, held)
+  params = method.init(jax.random.key(0))
+  tokens = jax.ShapeDtypeStruct((2, 64), np.int32)
+  loss, metrics = jax.eval_shape(method.loss, params, method.frozen, tokens, jax.random.key(1))
+  assert loss.shape == () and metrics
+  opts = cfg.drafter
+  if name.startswith(("block", "dflash")):
+    # DFlash: 5 taps from the second layer to the third-to-last, its own formula
+    assert tuple(opts.target_layer_ids) == tuple(build_target_layer_ids(12, 5)) == (1, 3, 5, 7, 9)
+  else:
+    assert opts.chain.depth == 7  # EAGLE-3's training-time test, MTP chained to the same depth
