@@ -4,6 +4,7 @@ python -m experiments.zoo_quality --corpus_dir=runs/corpus [--n_humaneval=164]
 """
 
 import json
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +45,10 @@ def main(argv):
     "block8": d.load_block(resolve_path("zoo:block8"), target),
     "block16": d.load_block(resolve_path("zoo:block16"), target),
   }
+  if os.path.isdir(resolve_path("zoo:dflash2")):
+    drafters["dflash2"] = d.load_block(resolve_path("zoo:dflash2"), target)
   out["tau"] = zoo_quality.tau_table(target, drafters, n_prompts=_TAU_PROMPTS.value)
+  out["bars"] = zoo_quality.bar_checks(out["tau"])
   print(json.dumps(out, indent=1))
 
 

@@ -44,13 +44,30 @@ def humaneval_syntax(model, max_new_tokens: int = 192, batch: int = 16, n: int |
   return sum(ok) / len(ok), sum(o and b for o, b in zip(ok, body, strict=True)) / len(ok)
 
 
+# The zoo issue's bars: tau at T = 0, k = 8, block drafters at their block size (k = b - 1);
+# DFlash2 at least block8's tau.
+TAU_BARS = {"eagle3": 4.0, "mtp": 4.0, "block8": 4.0, "block16": 4.5, "draft_lm": 3.0}
+BLOCK_SIZES = {"block8": 8, "block16": 16, "dflash2": 8}
+
+
+def quality_ks(name: str, ks=(4, 8)) -> tuple[int, ...]:
+  """k values a drafter is measured at: ks, and a block drafter's block size too (b - 1 drafts)."""
+  b = BLOCK_SIZES.get(name)
+  return tuple(sorted({*ks, b - 1})) if b else tuple(ks)
+
+
+def bar_k(name: str) -> int:
+  return BLOCK_SIZES[name] - 1 if name in BLOCK_SIZES else 8
+
+
 def tau_table(target, drafters: dict, ks=(4, 8), temperatures=(0.0, 0.6), n_prompts=16,
               max_new_tokens=96, top_p=0.95) -> list[dict]:  # fmt: skip
-  """tau and acceptance rate per (drafter, k, T) on the first n HumanEval prompts."""
+  """tau and acceptance rate per (drafter, k, T) on the first n HumanEval prompts (k per
+  `quality_ks`)."""
   prompts = [p.text for p in workload.select(workload.load_humaneval(), n_prompts)]
   rows = []
   for name, drafter in drafters.items():
-    for k in ks:
+    for k in quality_ks(name, ks):
       for t in temperatures:
         g = specdec.generate(
           target, prompts, max_new_tokens=max_new_tokens, temperature=t,
@@ -60,3 +77,16 @@ def tau_table(target, drafters: dict, ks=(4, 8), temperatures=(0.0, 0.6), n_prom
                          tau_accepted=g.stats["tau_accepted"],
                          acceptance_rate=g.stats["acceptance_rate"]))  # fmt: skip
   return rows
+
+
+def bar_checks(rows: list[dict]) -> list[dict]:
+  """Each bar of TAU_BARS (and DFlash2 >= block8) against the greedy rows at the bar's k."""
+  tau = {
+    r["drafter"]: r["tau"] for r in rows if r["temperature"] == 0 and r["k"] == bar_k(r["drafter"])
+  }
+  bars = {**TAU_BARS, **({"dflash2": tau["block8"]} if "block8" in tau else {})}
+  return [
+    dict(drafter=name, k=bar_k(name), tau=tau[name], bar=bar, met=tau[name] >= bar)
+    for name, bar in bars.items()
+    if name in tau
+  ]
