@@ -196,9 +196,10 @@ def fit(
   step_fn = jax.jit(partial(_train_step, loss_fn, optimizer), donate_argnums=(0, 1))
   base_key = jax.random.key(seed)
   bar = tqdm(
-    total=steps, initial=start, desc=desc, disable=not progress, dynamic_ncols=True,
-    unit="steps", bar_format=BAR_FORMAT,
+    total=steps, initial=start, disable=not progress, dynamic_ncols=True, unit="steps",
+    bar_format=BAR_FORMAT,
   )  # fmt: skip
+  bar.set_description(desc)  # as the sweep's: "desc: n/total"
   meter, window, eval_s = _Meter(), [], []
   compiled = False
   try:
