@@ -49,7 +49,7 @@ def tree_bytes(tree) -> int:
 
 def device_memory() -> DeviceMemory | None:
   """The default device's limit and use; None where the backend keeps no stats (the CPU)."""
-  stats = jax.devices()[0].memory_stats()
+  stats = jax.local_devices()[0].memory_stats()
   if not stats or "bytes_limit" not in stats:
     return None
   return DeviceMemory(int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0)))

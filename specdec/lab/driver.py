@@ -23,19 +23,24 @@ from specdec.checkpoint.zoo import resolve_path
 from specdec.decoding.compiles import CompileCounter
 from specdec.decoding.generate import compile_lowered
 from specdec.lab import results, sweep, tables
+from specdec.lab.processes import Processes, check_same_config, owners
 from specdec.lab.sweep import SweepError
 from specdec.progress import BAR_FORMAT, clock, eta
 
 
-def run(cfg, out_dir: str, progress: bool = True, compile_workers: int | None = None) -> str:
+def run(
+  cfg, out_dir: str, progress: bool = True, compile_workers: int | None = None,
+  processes: Processes | None = None,
+) -> str:  # fmt: skip
   """Runs (or resumes) the sweep in out_dir; returns the draft-budget table as Markdown. A sweep
   refused before it wrote anything leaves no directory behind. compile_workers: threads of the
-  ahead-of-time compile (None: one per CPU core; 0: none, each cell compiles what it runs)."""
+  ahead-of-time compile (None: one per CPU core; 0: none, each cell compiles what it runs).
+  processes: this process's share of a sweep spread over several (`specdec.lab.processes`)."""
   fresh = not Path(out_dir).exists()
   workers = (os.cpu_count() or 1) if compile_workers is None else compile_workers
   out = results.prepare_out_dir(out_dir)
   try:
-    return _run(cfg, out, progress, workers)
+    return _run(cfg, out, progress, workers, processes or Processes())
   except BaseException:
     if fresh and not any(out.iterdir()):
       out.rmdir()
@@ -58,9 +63,20 @@ def check_before_loading(cfg) -> list:
   return cells
 
 
-def _run(cfg, out: Path, progress: bool, workers: int) -> str:
+def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> str:
   cfg = sweep.normalize(cfg)
   cells = check_before_loading(cfg)
+  units = [(leg, c) for leg in range(cfg.legs) for c in cells]
+  mine = [
+    u for u, o in zip(units, owners(units, processes.count), strict=True) if o == processes.index
+  ]
+  # The weights' identity too: the paths alone survive a retrain (a resume must not mix models).
+  used = {
+    "target": cfg.target,
+    **{m: cfg.checkpoints[m] for m in cfg.methods if m in cfg.checkpoints},
+  }
+  prints = {name: fingerprint(resolve_path(spec)) for name, spec in used.items()}
+  check_same_config(processes, {**cfg.to_dict(), "checkpoint_fingerprints": prints})
   dtype = sweep.DTYPES[cfg.dtype]
   target = specdec.load(
     resolve_path(cfg.target), dtype=dtype, fuse_projections=cfg.fuse_projections
@@ -75,20 +91,16 @@ def _run(cfg, out: Path, progress: bool, workers: int) -> str:
   runner = sweep.Runner(cfg, target, drafters)
   max_positions = target.config.max_position_embeddings
   sweep.validate(cfg, cells, max_positions, runner.longest_prompt, runner.check_memory)
-  # The weights' identity too: the paths alone survive a retrain (a resume must not mix models).
-  used = {"target": cfg.target, **{m: cfg.checkpoints[m] for m in drafters}}
-  prints = {name: fingerprint(resolve_path(spec)) for name, spec in used.items()}
   results.write_config(out, {**cfg.to_dict(), "checkpoint_fingerprints": prints})
 
   path = out / results.RESULTS_NAME
   rows = results.load_rows(path) if path.exists() else []
   done = {sweep.cell_of(r): r for r in rows}
-  units = [(leg, c) for leg in range(cfg.legs) for c in cells]
-  todo = [(leg, c) for leg, c in units if (*dataclasses.astuple(c), leg) not in done]
+  todo = [(leg, c) for leg, c in mine if (*dataclasses.astuple(c), leg) not in done]
   cells_todo = list(dict.fromkeys(c for _, c in todo))
   (built, hits), compile_s = compile_cells(runner, cells_todo, workers, progress)
   bar = tqdm(
-    total=len(units), initial=len(units) - len(todo), disable=not progress, file=sys.stderr,
+    total=len(mine), initial=len(mine) - len(todo), disable=not progress, file=sys.stderr,
     unit="cells", bar_format=BAR_FORMAT,
   )  # fmt: skip
   measured = []
@@ -118,6 +130,12 @@ def _run(cfg, out: Path, progress: bool, workers: int) -> str:
     f"{in_cells:.1f} s were compiles inside cells",
     file=sys.stderr,
   )
+  return table(out)
+
+
+def table(out_dir) -> str:
+  """The draft-budget table of every row in out_dir's results, as Markdown."""
+  path = Path(out_dir) / results.RESULTS_NAME
   return tables.to_markdown(tables.build(results.load_rows(path), "draft_budget"))
 
 

@@ -11,6 +11,7 @@ readers turn null back into NaN where a number is expected.
 
 import dataclasses
 import datetime
+import fcntl
 import json
 import logging
 import math
@@ -65,7 +66,7 @@ ROW_FIELDS: dict[str, Field] = {
   "max_new_tokens": _F("int", False, "completion token budget per request"),
   "n_prompts": _F("int", False, "prompts in the leg"),
   # Where and when.
-  "device": _F("str", True, "jax.devices()[0].device_kind"),
+  "device": _F("str", True, "jax.local_devices()[0].device_kind"),
   "jax_version": _F("str", True, "jax.__version__"),
   "git_commit": _F("str", True, "`git rev-parse HEAD` of the code, or 'unknown'"),
   "git_dirty": _F("bool", False, "the work tree had uncommitted changes"),
@@ -198,7 +199,8 @@ def validate_row(row: Mapping) -> None:
 
 
 def append_row(path: str | Path, row: Mapping, validate: bool = True) -> dict:
-  """Append one row as one line: a single O_APPEND write of the whole line, then fsync.
+  """Append one row as one line: a single O_APPEND write of the whole line, then fsync, under an
+  exclusive lock on the file (processes of one sweep append to it together).
 
   A truncated last line left by a killed writer is cut off first, so the new row starts on a line of
   its own. Returns the row as written.
@@ -209,6 +211,7 @@ def append_row(path: str | Path, row: Mapping, validate: bool = True) -> dict:
   data = (json.dumps(row, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
   fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
   try:
+    fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes
     _cut_partial_tail(fd, path)
     written = os.write(fd, data)
     while written < len(data):  # regular files write all at once; a short write must still finish
@@ -394,7 +397,7 @@ def environment_fields() -> dict:
 
   status = _git("status", "--porcelain", "--untracked-files=no")
   return {
-    "device": jax.devices()[0].device_kind,
+    "device": jax.local_devices()[0].device_kind,
     "jax_version": jax.__version__,
     "git_commit": _git("rev-parse", "HEAD") or "unknown",
     "git_dirty": bool(status) if status is not None else None,

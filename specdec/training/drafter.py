@@ -118,5 +118,5 @@ def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
   method.export(out, jax.tree.map(np.asarray, params))
   with open(os.path.join(out, "training.json"), "w") as f:
     record = {"config": cfg.to_dict(), "train_file": train_file, "history": history}
-    json.dump({**record, "device": jax.devices()[0].device_kind}, f, indent=1, default=str)
+    json.dump({**record, "device": jax.local_devices()[0].device_kind}, f, indent=1, default=str)
   return history

@@ -255,7 +255,7 @@ def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
     "exported": exported,
     "history": history,
     "wall_s": round(time.perf_counter() - t0, 1),
-    "device": str(jax.devices()[0].device_kind),
+    "device": str(jax.local_devices()[0].device_kind),
     "jax": jax.__version__,
     "python": platform.python_version(),
   }
