@@ -4,3 +4,6 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/specdec-jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+# tests/multidevice needs a process with 4 fake CPU devices: tests/test_sharding.py starts one.
+collect_ignore = [] if os.environ.get("SPECDEC_MULTIDEVICE") else ["multidevice"]

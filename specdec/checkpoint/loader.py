@@ -263,12 +263,14 @@ def _tied_head(target: str, config: ModelConfig) -> bool:
   return target == "lm_head/kernel" and config.tie_word_embeddings
 
 
-def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True):
+def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True, mesh=None):
   """Loads config.json + safetensors (+ tokenizer.json, generation_config.json) from `path`.
 
   fuse_projections: q/k/v and gate/up become one matmul each (specdec.models.fuse), joined layer
   by layer as the separate kernels are released; the decode step is faster that way. False keeps
   the checkpoint's modules (to save or quantize the model again, or to inspect its params).
+  mesh: a `specdec.sharding.make_mesh` mesh to place the params on, tensor-parallel by module
+  (fusion is skipped when the mesh has a tensor axis > 1: a fused kernel does not split by heads).
   """
   from specdec.model import Model
 
@@ -294,6 +296,12 @@ def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True):
     dtype=dtype,
     kv_dtype=FP8 if _declares_fp8_kv(scheme) else None,
   )
+  if mesh is not None:
+    from specdec import sharding
+
+    if mesh.shape["tensor"] > 1:
+      return sharding.on_mesh(model, mesh)
+    model = sharding.on_mesh(model, mesh)
   return fuse.fuse_projections(model, release=True) if fuse_projections else model
 
 

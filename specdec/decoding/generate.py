@@ -5,6 +5,7 @@ CHUNK_STEPS steps; the device stops a chunk when every row is done, so every arm
 runs the same pattern: host_syncs <= ceil(loop_steps / CHUNK_STEPS) + 1.
 """
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import metrics, xla_env
+from specdec import metrics, sharding, xla_env
 from specdec.decoding import memory
 from specdec.decoding.accept import Mode, base_mode, validate_mode
 from specdec.decoding.compiles import CompileCounter
@@ -134,6 +135,7 @@ def generate(
   kv_dtype=None,
   memory_fraction: float | None = memory.DEFAULT_FRACTION,
   prefill_chunk: int = PREFILL_CHUNK,
+  mesh=None,
 ) -> Generation:
   """Generates from `prompts` (strings or token-id lists) with optional speculative drafting.
 
@@ -151,7 +153,12 @@ def generate(
   anything compiles (None: no check; skipped where the backend keeps no memory stats, e.g. CPU).
   prefill_chunk: prompts longer than this go through the target in slices of it (a power of two),
   which bounds the prefill's attention scores; the result is the same forward.
+  mesh: a `specdec.sharding.make_mesh` mesh: the target's params are placed on it (as
+  `specdec.load(..., mesh=)` places them; no copy if they already are) and the same step runs
+  partitioned over it; the drafter stays replicated.
   """
+  if mesh is not None:
+    model = sharding.on_mesh(model, mesh)
   plan = _plan(
     model, prompts, max_new_tokens, temperature, top_k, top_p, drafter, k, acceptance, max_slots,
     min_bucket, kv_dtype, memory_fraction, prefill_chunk,
@@ -165,7 +172,7 @@ def generate(
   max_new_B = jnp.full((B,), max_new_tokens, jnp.int32)
   xla_env.enable_compile_cache()
   t0 = time.perf_counter()
-  with CompileCounter() as built:
+  with CompileCounter() as built, jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
     st = prefill(
       model.params,
       drafter.params,
@@ -244,6 +251,10 @@ def lower_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> list:
   args = inspect.signature(generate).bind(model, prompts, max_new_tokens, **kw)
   args.apply_defaults()
   args.arguments.pop("seed")  # a traced value: every seed shares the executables
+  if args.arguments.pop("mesh") is not None:
+    raise ValueError(
+      "lower_ahead: a mesh is not supported yet; compile under it by calling generate"
+    )
   xla_env.enable_compile_cache()
   plan = _plan(**args.arguments)
   sc, B = plan.sc, plan.batch

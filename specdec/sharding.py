@@ -1,0 +1,112 @@
+"""Tensor parallelism through jax.sharding: a ("data", "tensor") mesh, each weight's logical axes
+read from its module name, and the model's params placed by them.
+
+Column-parallel projections (q, k, v, gate, up, the LM head) split their output features over
+"tensor", row-parallel ones (o, down) their input features, so each device holds whole heads and
+whole MLP columns; norms and the embedding are replicated. The step is the same jitted function:
+XLA's SPMD partitioner inserts the reductions the sharded weights need, and the KV cache follows
+the k/v projections (sharded by kv heads). Drafters stay replicated. Quantized weights are not
+split yet (a clear error), nor are fused projections (a tensor mesh loads the separate ones).
+"""
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXES = ("data", "tensor")
+
+# leaf module name -> (logical axis of the kernel's [in, out] dims)
+LOGICAL = {
+  "q_proj": (None, "heads"),
+  "k_proj": (None, "kv_heads"),
+  "v_proj": (None, "kv_heads"),
+  "o_proj": ("heads", None),
+  "gate_proj": (None, "mlp"),
+  "up_proj": (None, "mlp"),
+  "down_proj": ("mlp", None),
+  "lm_head": (None, "vocab"),
+}
+RULES = {"heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
+
+
+class ShardingError(ValueError):
+  """A mesh that the model's shapes cannot be split over."""
+
+
+def make_mesh(tensor: int = 1, data: int = 1, devices=None) -> jax.sharding.Mesh:
+  """A (data, tensor) mesh over the first data x tensor devices, both axes Auto (the partitioner
+  propagates shardings from the weights)."""
+  devices = list(devices if devices is not None else jax.devices())
+  if tensor < 1 or data < 1 or tensor * data > len(devices):
+    raise ShardingError(
+      f"mesh data={data} x tensor={tensor} needs {data * tensor} devices; {len(devices)} present"
+    )
+  grid = np.array(devices[: data * tensor]).reshape(data, tensor)
+  return jax.sharding.Mesh(grid, AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def check_divides(config, tensor: int) -> None:
+  """ShardingError naming each of heads, kv heads, MLP width and vocabulary that `tensor` does
+  not divide."""
+  sizes = {
+    "num_attention_heads": config.num_heads,
+    "num_key_value_heads": config.num_kv_heads,
+    "intermediate_size": config.intermediate_size,
+    "vocab_size": config.vocab_size,
+  }
+  bad = {k: v for k, v in sizes.items() if v % tensor}
+  if bad:
+    raise ShardingError(f"tensor={tensor} does not divide {bad} of the model")
+
+
+def spec_of(path: tuple[str, ...], leaf) -> P:
+  """The partition spec of one param by the module that owns it (replicated if none matches)."""
+  if len(path) >= 2 and path[-2] in LOGICAL:
+    axes = LOGICAL[path[-2]]
+    if path[-1] == "kernel":
+      return P(*(RULES.get(a) if a else None for a in axes))
+    if path[-1] == "bias":  # follows the kernel's output features
+      return P(RULES.get(axes[1]) if axes[1] else None)
+  return P()
+
+
+def shard_params(params, mesh: jax.sharding.Mesh, config):
+  """params placed on `mesh` by `spec_of` (a copy; the input is left as it was)."""
+  tensor = mesh.shape["tensor"]
+  check_divides(config, tensor)
+
+  def place(path, leaf):
+    names = tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
+    if not isinstance(leaf, jax.Array | np.ndarray):
+      if tensor > 1:
+        raise ShardingError(
+          f"{'/'.join(names)}: {type(leaf).__name__} weights cannot be split over tensor={tensor}"
+          " yet; load the bf16 model"
+        )
+      return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P())), leaf)
+    if any(n in ("qkv_proj", "gate_up_proj") for n in names) and tensor > 1:
+      raise ShardingError(f"{'/'.join(names)}: fused projections cannot be split; load unfused")
+    return jax.device_put(leaf, NamedSharding(mesh, spec_of(names, leaf)))
+
+  is_leaf = lambda x: not isinstance(x, dict)  # noqa: E731 (quantized weights are one leaf each)
+  return jax.tree_util.tree_map_with_path(place, params, is_leaf=is_leaf)
+
+
+def bytes_per_device(params) -> int:
+  """The largest number of param bytes any one device holds."""
+  per: dict = {}
+  for x in jax.tree.leaves(params):
+    for shard in getattr(x, "addressable_shards", ()):
+      per[shard.device] = per.get(shard.device, 0) + shard.data.nbytes
+  return max(per.values(), default=0)
+
+
+def on_mesh(model, mesh: jax.sharding.Mesh):
+  """`model` with its params on `mesh` (itself when they already are)."""
+  import dataclasses
+
+  leaf = jax.tree.leaves(model.params)[0]
+  if isinstance(getattr(leaf, "sharding", None), NamedSharding) and leaf.sharding.mesh == mesh:
+    return model
+  return dataclasses.replace(model, params=shard_params(model.params, mesh, model.config))

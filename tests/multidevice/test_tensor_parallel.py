@@ -1,0 +1,84 @@
+"""Tensor parallelism on a fake 4-device CPU mesh: sharded logits equal single-device logits and
+greedy speculative output is token-identical, for TP = 2 and 4, every drafter kind."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import specdec
+from specdec import sharding
+from specdec.drafters import draft_lm, ngram
+from tests.helpers import tiny_model
+
+PROMPTS = [[5, 9, 13, 2, 7, 7, 31], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]]
+# float32 logits of the same model, sharded or not: XLA reduces partial sums in another order.
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model():
+  return tiny_model(num_attention_heads=4, num_key_value_heads=4)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sharded_logits_equal_single_device_logits(model, tp):
+  mesh = sharding.make_mesh(tensor=tp)
+  sharded = sharding.on_mesh(model, mesh)
+  q = sharded.params["params"]["layer_0"]["attn"]["q_proj"]["kernel"]
+  assert q.sharding.spec == P(None, "tensor") and len(q.addressable_shards) == tp
+  assert sharding.bytes_per_device(sharded.params) < sharding.bytes_per_device(model.params)
+  tokens = np.array([p[:7] for p in PROMPTS], np.int32)
+  np.testing.assert_allclose(sharded.logits(tokens), model.logits(tokens), atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("name", ["null", "ngram", "draft_lm"])
+def test_greedy_speculative_output_is_the_single_device_output(model, tp, name):
+  drafter = {"null": None, "ngram": ngram(), "draft_lm": draft_lm(tiny_model(seed=1))}[name]
+  kw = dict(max_new_tokens=12, drafter=drafter, k=3 if drafter else None)
+  want = specdec.generate(model, PROMPTS, **kw).tokens
+  got = specdec.generate(model, PROMPTS, mesh=sharding.make_mesh(tensor=tp), **kw)
+  assert got.tokens == want
+
+
+def test_a_mesh_that_does_not_divide_the_heads_is_refused_before_compiling(model):
+  with pytest.raises(sharding.ShardingError, match="tensor=3 does not divide"):
+    sharding.on_mesh(model, sharding.make_mesh(tensor=3))
+  with pytest.raises(sharding.ShardingError, match="needs 8 devices; 4 present"):
+    sharding.make_mesh(tensor=8)
+
+
+def test_the_kv_cache_follows_the_kv_heads(model):
+  from specdec.decoding import generate as generate_lib
+  from specdec.decoding.step import prefill
+
+  mesh = sharding.make_mesh(tensor=2)
+  sharded = sharding.on_mesh(model, mesh)
+  plan = generate_lib._plan(
+    sharded, PROMPTS[:1], 8, 0.0, 0, 1.0, None, None, None, None, 16, None, None, 2048
+  )
+  prompt = jnp.zeros((1, plan.bucket), jnp.int32)
+  with jax.set_mesh(mesh):
+    st = prefill(
+      sharded.params, (), prompt, jnp.array([7]), jnp.array([8]), jax.random.key(0), plan.sc,
+      plan.slots,
+    )  # fmt: skip
+  assert tuple(st.cache.k[0].sharding.spec)[:3] == (None, None, "tensor")  # [B, S, K, H]: by K
+
+
+@pytest.mark.parametrize("name", ["mtp", "eagle3", "block8"])
+def test_learned_drafters_keep_greedy_identity_on_the_zoo_target_at_tp2(name):
+  from specdec.checkpoint.zoo import resolve_path
+
+  path = resolve_path(f"zoo:{name}")
+  target = specdec.load(resolve_path("zoo:target"), dtype=jnp.float32)
+  load = {"mtp": specdec.drafters.load_mtp, "eagle3": specdec.drafters.load_eagle3}
+  drafter = load.get(name, specdec.drafters.load_block)(path, target)
+  prompts = ["def fibonacci(n):\n", "import os\n\n\ndef walk(path):\n"]
+  kw = dict(max_new_tokens=10, drafter=drafter, k=3)
+  want = specdec.generate(target, prompts, **kw).tokens
+  mesh = sharding.make_mesh(tensor=2)
+  sharded = specdec.load(resolve_path("zoo:target"), dtype=jnp.float32, mesh=mesh)
+  assert specdec.generate(sharded, prompts, mesh=mesh, **kw).tokens == want
