@@ -93,13 +93,27 @@ def shard_params(params, mesh: jax.sharding.Mesh, config):
   return jax.tree_util.tree_map_with_path(place, params, is_leaf=is_leaf)
 
 
-def bytes_per_device(params) -> int:
-  """The largest number of param bytes any one device holds."""
-  per: dict = {}
-  for x in jax.tree.leaves(params):
-    for shard in getattr(x, "addressable_shards", ()):
+def bytes_per_device(tree) -> int:
+  """The bytes of a pytree on its fullest device: a placed array counts the shards each device
+  holds, anything else (host arrays, quantized leaves' parts) counts whole on every device."""
+  per, whole = {}, 0
+  for x in jax.tree.leaves(tree):
+    shards = getattr(x, "addressable_shards", None)
+    if not shards:
+      whole += x.size * x.dtype.itemsize
+      continue
+    for shard in shards:
       per[shard.device] = per.get(shard.device, 0) + shard.data.nbytes
-  return max(per.values(), default=0)
+  return max(per.values(), default=0) + whole
+
+
+def tensor_size(tree) -> int:
+  """The tensor axis of the mesh the pytree's arrays are placed on (1: none)."""
+  for x in jax.tree.leaves(tree):
+    s = getattr(x, "sharding", None)
+    if isinstance(s, NamedSharding) and "tensor" in s.mesh.shape:
+      return s.mesh.shape["tensor"]
+  return 1
 
 
 def on_mesh(model, mesh: jax.sharding.Mesh):

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specdec import sharding
 from specdec.decoding.step import StepConfig, prefill
 from specdec.ops.sampling import Sampling
 
@@ -151,12 +152,16 @@ def check_fits(
     return None
   kv_dtype = model.kv_dtype if kv_dtype is None else kv_dtype  # as generate() resolves it
   slot_bytes, other_bytes = state_cost(model, drafter, k, batch, bucket, slots, kv_dtype)
+  # Per device: a tensor mesh splits the params and, by kv heads, the target cache's slots (the
+  # token buffer and a drafter's state stay whole).
+  kv = kv_slot_bytes(model.config, model.dtype if kv_dtype is None else kv_dtype)
+  slot_bytes -= kv - -(-kv // sharding.tensor_size(model.params))
   return plan_slots(
     slots,
     batch,
     slot_bytes,
     memory,
-    params_bytes=tree_bytes(model.params) + tree_bytes(drafter.params),
+    params_bytes=sharding.bytes_per_device(model.params) + tree_bytes(drafter.params),
     other_bytes=other_bytes,
     fraction=fraction,
     kv_bytes=kv_slot_bytes(model.config, model.dtype if kv_dtype is None else kv_dtype),

@@ -82,3 +82,16 @@ def test_learned_drafters_keep_greedy_identity_on_the_zoo_target_at_tp2(name):
   mesh = sharding.make_mesh(tensor=2)
   sharded = specdec.load(resolve_path("zoo:target"), dtype=jnp.float32, mesh=mesh)
   assert specdec.generate(sharded, prompts, mesh=mesh, **kw).tokens == want
+
+
+def test_the_memory_plan_counts_bytes_per_device(model):
+  from specdec.decoding import memory
+
+  sharded = sharding.on_mesh(model, sharding.make_mesh(tensor=4))
+  assert sharding.tensor_size(sharded.params) == 4 and sharding.tensor_size(model.params) == 1
+  budget = memory.DeviceMemory(limit_bytes=8 * 2**20, in_use_bytes=0)
+  args = (ngram(), 3, 4, 64, 4096)
+  # Unsharded, 4096 slots at B = 4 overflow the 8 MiB budget; a quarter of the KV per device fits.
+  with pytest.raises(memory.MemoryPlanError):
+    memory.check_fits(model, *args, memory=budget)
+  assert memory.check_fits(sharded, *args, memory=budget) >= 4096
