@@ -52,4 +52,7 @@ def get_config():
   # q/k/v and gate/up as one matmul each in the decoding target (specdec.models.fuse: same logits,
   # a faster step on the H200: docs/benchmarks.md).
   c.fuse_projections = True
+  # > 1: the target tensor-parallel over that many local devices (specdec.sharding; bf16 targets,
+  # unfused projections, drafters replicated).
+  c.tensor_parallel = 1
   return c

@@ -15,9 +15,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+import jax
 from tqdm import tqdm
 
 import specdec
+from specdec import sharding
 from specdec.checkpoint.fingerprint import fingerprint
 from specdec.checkpoint.zoo import resolve_path
 from specdec.decoding.compiles import CompileCounter
@@ -78,9 +80,18 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
   prints = {name: fingerprint(resolve_path(spec)) for name, spec in used.items()}
   check_same_config(processes, {**cfg.to_dict(), "checkpoint_fingerprints": prints})
   dtype = sweep.DTYPES[cfg.dtype]
-  target = specdec.load(
-    resolve_path(cfg.target), dtype=dtype, fuse_projections=cfg.fuse_projections
-  )
+  mesh = None
+  if cfg.get("tensor_parallel", 1) > 1:
+    try:
+      mesh = sharding.make_mesh(tensor=cfg.tensor_parallel, devices=jax.local_devices())
+      target = specdec.load(resolve_path(cfg.target), dtype=dtype, mesh=mesh)
+    except sharding.ShardingError as e:
+      raise SweepError(f"config.tensor_parallel={cfg.tensor_parallel}: {e}") from e
+    workers = 0  # compiled in the cells: lowering ahead does not take a mesh yet
+  else:
+    target = specdec.load(
+      resolve_path(cfg.target), dtype=dtype, fuse_projections=cfg.fuse_projections
+    )
   if target.tokenizer is None:
     raise SweepError(f"config.target={cfg.target!r} has no tokenizer.json to encode prompts")
   drafters = {
@@ -88,7 +99,7 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
     for m in cfg.methods
     if m not in ("null", "ngram")
   }
-  runner = sweep.Runner(cfg, target, drafters)
+  runner = sweep.Runner(cfg, target, drafters, mesh)
   max_positions = target.config.max_position_embeddings
   sweep.validate(cfg, cells, max_positions, runner.longest_prompt, runner.check_memory)
   results.write_config(out, {**cfg.to_dict(), "checkpoint_fingerprints": prints})

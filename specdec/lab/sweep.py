@@ -174,6 +174,14 @@ def validate(
       raise SweepError(f"config.{name} is empty")
   if len(set(cfg.seeds)) < len(cfg.seeds) or min(cfg.seeds) < 0:
     raise SweepError(f"config.seeds={tuple(cfg.seeds)}: need distinct seeds >= 0")
+  tp = cfg.get("tensor_parallel", 1)
+  if not isinstance(tp, int) or tp < 1:
+    raise SweepError(f"config.tensor_parallel={tp!r}: must be an int >= 1")
+  if tp > 1 and tuple(cfg.target_formats) != ("bf16",):
+    raise SweepError(
+      f"config.tensor_parallel={tp} with target_formats={tuple(cfg.target_formats)}: quantized "
+      "targets are not split over a mesh yet; use ('bf16',)"
+    )
   try:
     memory.check_fraction(cfg.memory_fraction)
   except ValueError as e:
@@ -279,8 +287,8 @@ def output_sha(tokens: list[list[int]]) -> str:
 class Runner:
   """Holds the loaded models and prompts of one sweep; runs (cell, leg) units."""
 
-  def __init__(self, cfg, target, drafters: dict):
-    self.cfg, self.target = cfg, target
+  def __init__(self, cfg, target, drafters: dict, mesh=None):
+    self.cfg, self.target, self.mesh = cfg, target, mesh
     self._targets = {}  # target format -> the model that decodes (quantized, fused as asked)
     self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n), **drafters}
     self.prompts = {
@@ -370,6 +378,8 @@ class Runner:
       min_bucket=self.bucket(cell), kv_dtype=kv_dtype(cell),
       memory_fraction=self.cfg.memory_fraction,
     )  # fmt: skip
+    if self.mesh is not None:
+      kw["mesh"] = self.mesh
     return self._targets[cell.target_format], ids, kw
 
   def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):

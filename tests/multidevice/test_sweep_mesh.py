@@ -1,0 +1,31 @@
+"""A sweep with config.tensor_parallel = 2 on the fake mesh writes the outputs a single-device sweep
+writes (same gate, same tokens)."""
+
+import pytest
+
+from specdec.lab import driver, results
+from specdec.lab.sweep import SweepError
+from tests.lab.test_sweep import small_config
+
+
+def _outputs(out):
+  rows = results.load_rows(out / results.RESULTS_NAME)
+  return {
+    (r["method"], r["k"], r["leg"]): (r["extra"]["output_sha"], r["gate_passed"]) for r in rows
+  }
+
+
+def test_tensor_parallel_sweep_matches_the_single_device_sweep(tmp_path):
+  driver.run(small_config(), str(tmp_path / "one"), progress=False)
+  driver.run(small_config(tensor_parallel=2), str(tmp_path / "tp2"), progress=False)
+  one, tp2 = _outputs(tmp_path / "one"), _outputs(tmp_path / "tp2")
+  assert one == tp2 and len(one) == 6 and all(ok for _, ok in one.values())
+
+
+def test_a_mesh_the_target_cannot_split_over_is_one_clear_error(tmp_path):
+  with pytest.raises(SweepError, match="config.tensor_parallel=3: tensor=3 does not divide"):
+    driver.run(small_config(tensor_parallel=3), str(tmp_path / "tp3"), progress=False)
+  with pytest.raises(SweepError, match="quantized targets are not split"):
+    driver.run(
+      small_config(tensor_parallel=2, target_formats=("bf16", "fp8")), str(tmp_path / "q"), False
+    )
