@@ -52,12 +52,16 @@ class Block(Drafter):
   target: Any = None  # specdec.Model: config, dtype, and the shared embedding / LM head
   cfg: BlockConfig = None
   draft_params: Any = None  # {"params": ...} of BlockDraft
+  draft_ids: Any = None  # int32 [Vd]: target id of each draft id (a reduced-vocabulary draft)
 
   @property
   def params(self):
     p = self.target.params["params"]
     shared = {name: p[name] for name in ("embed", "lm_head") if name in p}
-    return {"draft": self.draft_params["params"], "shared": shared}
+    out = {"draft": self.draft_params["params"], "shared": shared}
+    if self.cfg.reduced_vocab:
+      out["draft_ids"] = self.draft_ids
+    return out
 
   @property
   def module(self) -> BlockDraft:
@@ -98,6 +102,24 @@ class Block(Drafter):
     x_BTX = jnp.concatenate(taps, -1)
     return self.module.apply({"params": params["draft"]}, x_BTX, pos_BT, method="context")
 
+  def draft_logits(self, params, h_BPD):
+    """float32 logits over the TARGET vocabulary from the draft's final hidden: the target's head
+    (or the draft's own over a reduced vocabulary, -inf at ids it cannot draft), multiplied by
+    `logit_scale`, then soft-capped."""
+    c = self.cfg
+    if c.reduced_vocab:
+      x = self.module.apply({"params": params["draft"]}, h_BPD, method="draft_head")
+    else:
+      x = self._shared(params, h_BPD, "head")
+    if c.logit_scale != 1.0:
+      x = x * c.logit_scale
+    if c.logit_softcap:
+      x = c.logit_softcap * jnp.tanh(x / c.logit_softcap)
+    if not c.reduced_vocab:
+      return x
+    full_BPV = jnp.full(x.shape[:-1] + (c.layers.vocab_size,), -jnp.inf)
+    return full_BPV.at[..., params["draft_ids"]].set(x)
+
   def _forward(self, params, st, token_B, start_B, extra, sampling, key):
     """One block anchored at `start` on `token`: (drafts [B, b-1], q or None, row K/V, rows)."""
     c, b = self.cfg, self.cfg.block_size
@@ -107,10 +129,12 @@ class Block(Drafter):
     )
     rows = single_block_rows(start_B, b)
     x_BbD = self._shared(params, tok_Bb, "embed_tokens")
+    if c.embed_scale != 1.0:
+      x_BbD = (x_BbD * c.embed_scale).astype(x_BbD.dtype)
     variables = {"params": params["draft"]}
     h_BbD, kv = self.module.apply(variables, x_BbD, rows, st.k, st.v, extra)
     h_BPD = h_BbD[:, 1:]
-    logits_BPV = self._shared(params, h_BPD, "head")
+    logits_BPV = self.draft_logits(params, h_BPD)
     if not c.selector:
       d_BP, q_BPV = pick(logits_BPV, sampling, key)
       return d_BP, q_BPV, kv, rows
@@ -177,6 +201,7 @@ def block(
   *,
   sliding_window: int | None = None,
   seed: int = 0,
+  draft_ids=None,
   **config_kw,
 ) -> Block:
   """A block drafter for `target` (a specdec.Model).
@@ -186,6 +211,8 @@ def block(
   cfg: a BlockConfig; None builds one with `make_config(target.config, **config_kw)` (num_layers,
     block_size, target_layer_ids, mask_token_id, conv, selector, ...).
   sliding_window: overrides every draft layer's attention window (None keeps the config's).
+  draft_ids: int [Vd], the target id of each draft id, for a reduced-vocabulary draft
+    (cfg.draft_vocab_size > 0, e.g. from a speculators checkpoint's d2t).
   """
   if cfg is None:
     cfg = make_config(target.config, **config_kw)
@@ -197,4 +224,19 @@ def block(
     key = jax.random.key(seed)
     draft_params = init_variables(cfg, key, target.dtype, target.config.hidden_size)
   draft_params = jax.tree.map(lambda p: jnp.asarray(p, target.dtype), draft_params)
-  return Block(taps=cfg.target_layer_ids, target=target, cfg=cfg, draft_params=draft_params)
+  if cfg.reduced_vocab:
+    if draft_ids is None or len(draft_ids) != cfg.draft_vocab_size:
+      raise ValueError(
+        f"block drafter: draft_vocab_size {cfg.draft_vocab_size} needs draft_ids (d2t) of that "
+        "length"
+      )
+    draft_ids = jnp.asarray(draft_ids, jnp.int32)
+  elif draft_ids is not None:
+    raise ValueError("block drafter: draft_ids given but the config has the full vocabulary")
+  return Block(
+    taps=cfg.target_layer_ids,
+    target=target,
+    cfg=cfg,
+    draft_params=draft_params,
+    draft_ids=draft_ids,
+  )

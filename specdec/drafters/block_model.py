@@ -9,7 +9,8 @@ Context: the target's hidden states after `target_layer_ids`, concatenated [.., 
 (k_norm + RoPE at the context position). The layer's queries come only from block rows. A row at
 absolute position q of a block anchored at a sees:
   context slot s   iff s < a                  (causal to the context: only committed positions)
-  block row at p   iff same block             (bidirectional inside the block)
+  block row at p   iff same block             (bidirectional inside the block; in a causal
+                                              layer only rows p <= q)
   extra key at p   always                     (earlier chained blocks, see `block.py`)
 and, in a layer with a sliding window w, only keys with |q - p| < w (the per-query distance rule
 of the DFlash2 reference; it bounds what the drafter reads, not the cache size).
@@ -76,6 +77,7 @@ def _attend(q_BRNH, groups):
 class DraftAttention(nn.Module):
   cfg: BlockConfig
   window: int | None
+  causal: bool = False
 
   def setup(self):
     c = self.cfg.layers
@@ -110,9 +112,10 @@ class DraftAttention(nn.Module):
     ctx_vis_BRS = (slots_S[None, None, :] < rows.anchor_BR[:, :, None]) & _in_window(
       rows.pos_BR[:, :, None] - slots_S[None, None, :], w
     )
-    own_vis_BRR = (rows.block_BR[:, :, None] == rows.block_BR[:, None, :]) & _in_window(
-      rows.pos_BR[:, :, None] - rows.pos_BR[:, None, :], w
-    )
+    dist_BRR = rows.pos_BR[:, :, None] - rows.pos_BR[:, None, :]
+    own_vis_BRR = (rows.block_BR[:, :, None] == rows.block_BR[:, None, :]) & _in_window(dist_BRR, w)
+    if self.causal:
+      own_vis_BRR = own_vis_BRR & (dist_BRR >= 0)
     groups = [(ctx_k_BSKH, ctx_v_BSKH, ctx_vis_BRS), (k_BRKH, v_BRKH, own_vis_BRR)]
     if extra_kv is not None:
       ek_BEKH, ev_BEKH, pos_BE = extra_kv
@@ -169,11 +172,12 @@ class DynamicConv(nn.Module):
 class DraftLayer(nn.Module):
   cfg: BlockConfig
   window: int | None
+  causal: bool = False
 
   def setup(self):
     c = self.cfg.layers
     self.attn_norm = RMSNorm(c.rms_norm_eps)
-    self.attn = DraftAttention(self.cfg, self.window)
+    self.attn = DraftAttention(self.cfg, self.window, self.causal)
     self.mlp_norm = RMSNorm(c.rms_norm_eps)
     self.mlp = MLP(c)
     if self.cfg.conv:
@@ -228,11 +232,14 @@ class BlockDraft(nn.Module):
     self.fc = Linear(c.hidden_size)
     self.hidden_norm = RMSNorm(c.rms_norm_eps)
     self.layers = [
-      DraftLayer(self.cfg, self.cfg.window(i), name=f"layer_{i}") for i in range(c.num_layers)
+      DraftLayer(self.cfg, self.cfg.window(i), self.cfg.is_causal(i), name=f"layer_{i}")
+      for i in range(c.num_layers)
     ]
     self.final_norm = RMSNorm(c.rms_norm_eps)
     if self.cfg.selector:
       self.selector = Selector(c.vocab_size, self.cfg.selector_rank)
+    if self.cfg.reduced_vocab:
+      self.lm_head = Linear(self.cfg.draft_vocab_size)
 
   def context(self, taps_BTX, pos_BT):
     """Fused taps [B, T, n_taps * D] -> per-layer context (k [B, T, K, H], v) at `pos`."""
@@ -253,6 +260,10 @@ class BlockDraft(nn.Module):
   def select(self, h_BPD, pred_BPp, cand_BPc):
     return self.selector(h_BPD, pred_BPp, cand_BPc)
 
+  def draft_head(self, h_BPD):
+    """float32 logits over the draft's own vocabulary [.., Vd] (a reduced-vocabulary draft)."""
+    return self.lm_head(h_BPD).astype(jnp.float32)
+
   def init_all(self, taps_BTX, x_BRD, rows: Rows):
     """Touches every parameter (for `init`)."""
     T = taps_BTX.shape[1]
@@ -262,6 +273,8 @@ class BlockDraft(nn.Module):
     if self.cfg.selector:
       tok_BR1 = jnp.zeros(h_BRD.shape[:2] + (1,), jnp.int32)
       self.select(h_BRD, tok_BR1, tok_BR1)
+    if self.cfg.reduced_vocab:
+      self.draft_head(h_BRD)
     return h_BRD
 
 
@@ -282,6 +295,10 @@ def init_variables(cfg: BlockConfig, key, dtype=jnp.float32, target_hidden: int 
     mask_token_id=0,
     windows=(),
     num_target_layers=None,
+    causal=(),
+    embed_scale=1.0,
+    logit_scale=1.0,
+    logit_softcap=0.0,
   )
   return _init_variables(shape_only, key, jnp.dtype(dtype), target_hidden or cfg.hidden_size)
 
