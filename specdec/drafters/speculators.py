@@ -269,3 +269,16 @@ def eagle3_dict(head, fields: dict[str, Any], verifier: dict | None = None) -> d
     **{flag: bool(fields[flag]) for flag in EAGLE3_FLAGS},
     "speculators_config": _speculators_config("eagle3", 3, verifier),
   }
+
+
+def mtp_dict(target_config, verifier: dict | None = None) -> dict[str, Any]:
+  """A speculators MTP config.json dict for a head whose layer is one of `target_config`'s."""
+  tl = model_config.to_hf_dict(target_config)
+  tl.pop("architectures", None)
+  return {
+    KEY: "mtp",
+    "architectures": ["MTPDraftModel"],
+    "transformer_layer_config": tl,
+    "num_nextn_predict_layers": 1,
+    "speculators_config": _speculators_config("mtp", 3, verifier),
+  }
