@@ -19,10 +19,10 @@ import pytest
 import specdec
 from specdec.checkpoint.safetensors_io import CheckpointError, read_tensors
 from specdec.drafters.base import Context
-from specdec.drafters.block_io import load_block, save_block
+from specdec.drafters.block_io import load_block
 from specdec.drafters.block_model import single_block_rows
-from specdec.drafters.eagle3 import load_eagle3, save_eagle3
-from specdec.drafters.mtp import load_mtp, save_mtp
+from specdec.drafters.eagle3 import load_eagle3
+from specdec.drafters.mtp import load_mtp
 from specdec.model import Model
 from specdec.models.transformer import ForwardOut, KVCache
 from specdec.ops.sampling import Sampling
@@ -174,9 +174,10 @@ def layers_for(case: str) -> int:
   return 3 if "eagle3" in case else 2
 
 
-def _saved(case, tmp_path):
-  """Loads a package fixture and writes it again with specdec.save (the speculators format)."""
-  out = str(tmp_path / case)
+def saved(case, root) -> str:
+  """Loads a package fixture and writes it again under root/case with specdec.save (the
+  speculators format)."""
+  out = os.path.join(root, case)
   target = target_for(case, layers_for(case))
   specdec.save(out, specdec.load_drafter(os.path.join(HERE, case), target))
   return out
@@ -193,7 +194,7 @@ ROUNDTRIP = sorted(META.get("roundtrip", {}))
 
 
 @pytest.mark.parametrize("case", ROUNDTRIP)
-def test_speculators_loaded_what_specdec_saved(case, tmp_path):
+def test_speculators_loaded_what_specdecsaved(case, tmp_path):
   """meta.json (written by the fixture script's roundtrip stage) says the speculators package
   loaded the checkpoint specdec wrote and drafted from it exactly what it drafts from its own
   save; the committed copy is what specdec.save writes today."""
@@ -204,7 +205,7 @@ def test_speculators_loaded_what_specdec_saved(case, tmp_path):
   )
   diffs = rec["max_abs_diff_vs_package_save"]
   assert diffs and all(isinstance(v, float) and v <= 1e-6 for v in diffs.values()), diffs
-  out = _saved(case, tmp_path)
+  out = saved(case, tmp_path)
   committed = os.path.join(HERE, "roundtrip", case)
   ours, theirs = (
     read_tensors(os.path.join(out, "model.safetensors")),
@@ -222,7 +223,7 @@ def test_speculators_loaded_what_specdec_saved(case, tmp_path):
 
 @pytest.mark.parametrize("case", ["spec_dflash_causal_reduced", "spec_eagle3_llama", "spec_mtp"])
 def test_speculators_save_reloads_here(case, tmp_path):
-  out = _saved(case, tmp_path)
+  out = saved(case, tmp_path)
   if case.startswith("spec_dflash"):
     _check_block(load_block(out, target_for(case, 2)), case)
   elif case.startswith("spec_eagle3"):
