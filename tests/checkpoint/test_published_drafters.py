@@ -34,6 +34,7 @@ META = json.load(open(os.path.join(HERE, "meta.json")))
 BLOCK_CASES = [
   "spec_dflash_causal_reduced",
   "spec_dflash_noncausal",
+  "spec_dflash2",
   "zlab_dflash_default",
   "zlab_dflash_is_causal",
   "zlab_dflash2",
@@ -100,6 +101,7 @@ def test_block_drafter_matches_its_package(case):
     assert d.cfg.target_layer_ids == (0, 1)  # speculators ids count from the embedding output
     assert d.cfg.is_causal(0) == (not opts["non_causal"]) and not d.cfg.is_causal(1)
     assert d.cfg.draft_vocab_size == (40 if opts["reduced"] else 0)
+    assert d.cfg.selector == d.cfg.conv == opts["v2"]
   if case == "zlab_dflash_default":  # no is_causal: the sliding layer is causal, the full is not
     assert d.cfg.causal == (True, False) and d.cfg.windows == (4, None)
     assert (d.cfg.embed_scale, d.cfg.logit_scale, d.cfg.logit_softcap) == (1.5, 0.7, 3.0)
@@ -200,9 +202,9 @@ def test_speculators_loaded_what_specdecsaved(case, tmp_path):
   save; the committed copy is what specdec.save writes today."""
   rec = META["roundtrip"][case]
   assert rec["loaded_by"].startswith("speculators ")
-  assert rec["class"] == {"dflash": "DFlashDraftModel", "eagle3": "Eagle3DraftModel"}.get(
-    case.split("_")[1], "MTPDraftModel"
-  )
+  kinds = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+  kinds.update(eagle3="Eagle3DraftModel", mtp="MTPDraftModel")
+  assert rec["class"] == kinds[case.split("_")[1]]
   diffs = rec["max_abs_diff_vs_package_save"]
   assert diffs and all(isinstance(v, float) and v <= 1e-6 for v in diffs.values()), diffs
   out = saved(case, tmp_path)
