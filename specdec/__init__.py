@@ -24,8 +24,8 @@ _EXPORTS = {
   "Sampling": "specdec.ops.sampling",
   "generate": "specdec.decoding.generate",
   "load": "specdec.checkpoint.loader",
-  "load_drafter": "specdec.checkpoint.drafter_io",
-  "save": "specdec.checkpoint.loader",
+  "load_drafter": "specdec.drafters.checkpoints",
+  "save": "specdec.drafters.checkpoints",
 }
 
 __all__ = sorted([*_EXPORTS, "drafters"])

@@ -297,26 +297,18 @@ def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True):
   return fuse.fuse_projections(model, release=True) if fuse_projections else model
 
 
-def save(path: str, model, dtype=None, layout: str = "modelopt", format: str = "speculators"):
+def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
   """Writes `model` in the HF layout this loader reads (config, safetensors, tokenizer).
-
-  A learned drafter (block / EAGLE-3 / MTP) is written by `drafter_io.save_drafter` in `format`
-  ("speculators": vLLM's format; "native": its own engine's), which `load_drafter` reads back.
 
   Quantized kernels (NVFP4 / FP8 weights) are written in `layout` ("modelopt" or
   "compressed-tensors") with the matching quantization config; dense ones as plain weights. A
   model with an FP8 KV cache also declares it and writes its k/v scales (ModelOpt and
   compressed-tensors quantized weights only: those configs are where the declaration lives).
   """
-  from specdec.drafters.base import Drafter
   from specdec.ops.qmatmul import QuantizedWeight
   from specdec.quant import exl3
   from specdec.quant.nvfp4 import NVFP4Weight
 
-  if isinstance(model, Drafter):
-    from specdec.checkpoint import drafter_io
-
-    return drafter_io.save_drafter(path, model, format, dtype)
   flat = {"/".join(k): v for k, v in flatten_dict(model.params["params"]).items()}
   fused = sorted({k.rsplit("/", 1)[0] for k in flat if k.split("/")[-2] in fuse.FUSED_NAMES})
   if fused:

@@ -91,6 +91,10 @@ class BlockConfig:
       )
     if not self.target_layer_ids:
       raise ValueError(f"{source}: target_layer_ids is empty")
+    ids = list(self.target_layer_ids)
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+      raise ValueError(f"{source}: target_layer_ids {ids} repeats layer id(s) {dup}")
     if not 0 <= self.mask_token_id < c.vocab_size:
       raise ValueError(f"{source}: mask_token_id {self.mask_token_id} outside [0, {c.vocab_size})")
     if self.windows and len(self.windows) != c.num_layers:
@@ -276,13 +280,13 @@ def to_hf_dict(cfg: BlockConfig) -> dict[str, Any]:
     raise ValueError(
       'the z-lab DFlash layout has no reduced draft vocabulary; save it with format="speculators"'
     )
+  windows = windows_of(cfg)
   causal = [cfg.is_causal(i) for i in range(cfg.layers.num_layers)]
-  if len(set(causal)) > 1 and causal != [w is not None for w in windows_of(cfg)]:
+  if len(set(causal)) > 1 and causal != [w is not None for w in windows]:
     raise ValueError(
       f"the z-lab DFlash layout holds one is_causal for all layers or the sliding-layer "
       f"default; layers are causal {causal}"
     )
-  windows = windows_of(cfg)
   sliding = [w for w in windows if w is not None]
   if len(set(sliding)) > 1:
     raise ValueError(f"config.json holds one sliding_window; layers use {sorted(set(sliding))}")

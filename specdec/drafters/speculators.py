@@ -22,7 +22,7 @@ Tensor names: DFlash as z-lab's (plus lm_head / d2t / t2d for a reduced vocabula
 
 from typing import Any
 
-from specdec.drafters.block_config import BlockConfig
+from specdec.drafters.block_config import BlockConfig, windows_of
 from specdec.models import config as model_config
 
 KEY = "speculators_model_type"
@@ -181,7 +181,7 @@ def block_dict(cfg: BlockConfig, verifier: dict | None = None) -> dict[str, Any]
         f"the speculators {kind} format has no {key} ({field}={getattr(cfg, field)})"
       )
   n = cfg.layers.num_layers
-  windows = [cfg.window(i) for i in range(n)]
+  windows = windows_of(cfg)
   sliding = sorted({w for w in windows if w is not None})
   if len(sliding) > 1:
     raise ValueError(f"config.json holds one sliding_window; layers use {sliding}")

@@ -8,9 +8,10 @@ import shutil
 import pytest
 
 import specdec
-from specdec.checkpoint.drafter_io import detect, save_drafter
 from specdec.checkpoint.safetensors_io import CheckpointError
+from specdec.drafters import block_config, eagle3
 from specdec.drafters.block import block
+from specdec.drafters.checkpoints import detect, save_drafter
 from specdec.drafters.mtp import MTPConfig, mtp
 from tests.checkpoint.test_published_drafters import HERE, target_for
 from tests.helpers import tiny_model
@@ -70,3 +71,15 @@ def test_save_refuses_what_a_layout_cannot_hold(tmp_path):
     specdec.save(str(tmp_path / "c"), scaled)
   with pytest.raises(ValueError, match="has no checkpoint layout"):
     specdec.save(str(tmp_path / "d"), specdec.drafters.ngram())
+
+
+def test_taps_configured_twice_or_out_of_range_are_named():
+  c = tiny_model(num_hidden_layers=3).config
+  with pytest.raises(ValueError, match=r"target_layer_ids \[1, 1\] repeats layer id\(s\) \[1\]"):
+    block_config.make_config(c, num_layers=2, target_layer_ids=(1, 1))
+  with pytest.raises(ValueError, match=r"\[1, 2, 2\] repeats layer id\(s\) \[2\]"):
+    eagle3.make_config(c, aux_layer_ids=(1, 2, 2))
+  with pytest.raises(ValueError, match=r"has id\(s\) \[0\] outside \[1, 3\]"):
+    eagle3.make_config(c, aux_layer_ids=(0, 1, 2))
+  with pytest.raises(ValueError, match="target_layer_ids \\[3\\] outside the target's 3 layers"):
+    block(tiny_model(num_hidden_layers=3), num_layers=1, target_layer_ids=(3,)).validate(c, 2, 8)

@@ -10,8 +10,10 @@ save_drafter(path, drafter, format)   "speculators" (vLLM's format, the default)
 
 import os
 
+from specdec.checkpoint import loader
 from specdec.checkpoint.safetensors_io import CheckpointError
 from specdec.drafters import eagle3, mtp, speculators
+from specdec.drafters.base import Drafter
 from specdec.drafters.block import Block
 from specdec.drafters.block_config import ARCH_DFLASH, ARCH_DFLASH2
 from specdec.drafters.block_io import load_block, save_block
@@ -79,3 +81,11 @@ def save_drafter(path: str, drafter, format: str = "speculators", dtype=None) ->
     raise ValueError(
       f"save_drafter: {type(drafter).__name__} has no checkpoint layout (block, EAGLE-3, MTP do)"
     )
+
+
+def save(path: str, model, dtype=None, layout: str = "modelopt", format: str = "speculators"):
+  """`specdec.save`: a learned drafter in `format` (see save_drafter); a target Model in the HF
+  layout `specdec.load` reads (`layout` names its quantized-weight format)."""
+  if isinstance(model, Drafter):
+    return save_drafter(path, model, format, dtype)
+  return loader.save(path, model, dtype, layout)
