@@ -50,8 +50,13 @@ NUM_TAPS = 3
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
-  """EAGLE-3's low/mid/high features: the inputs of layers 2, L//2 and L-3."""
-  return (2, num_layers // 2, num_layers - 3)
+  """EAGLE-3's low/mid/high features: the inputs of layers 2, L//2 and L-3. On a target too
+  shallow for three distinct ones (L < 8; vLLM and speculators refuse repeats) an id that repeats
+  or falls below 1 moves up to the next free layer, at most L (the last layer's output)."""
+  ids = []
+  for i in sorted((2, num_layers // 2, num_layers - 3)):
+    ids.append(min(max(i, 1, ids[-1] + 1 if ids else 1), num_layers))
+  return tuple(ids)
 
 
 @dataclasses.dataclass(frozen=True)
