@@ -209,6 +209,18 @@ DFLASH_SCALARS = {  # dflash_config key -> (BlockConfig field, default)
 }
 
 
+DFLASH_CONFIG_KEYS = {
+  "block_size",
+  "mask_token_id",
+  "target_layer_ids",
+  "conv_kernel_size",
+  "conv_group_size",
+  "selector_rank",
+  "selector_top_k",
+  *DFLASH_SCALARS,
+}
+
+
 def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> BlockConfig:
   if "speculators_model_type" in d:
     raise ValueError(
@@ -221,6 +233,12 @@ def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> BlockConfig:
   if d.get("hidden_act", "silu") not in ("silu", "swish"):
     raise ValueError(f"{source}: unsupported hidden_act {d['hidden_act']!r} (SwiGLU needs silu)")
   dc = dict(d.get("dflash_config") or {})
+  unknown = sorted(set(dc) - DFLASH_CONFIG_KEYS)
+  if unknown:
+    raise ValueError(
+      f"{source}: dflash_config option(s) {unknown} are not implemented in specdec (a key it "
+      "does not know could change the drafts)"
+    )
   layer_d = {"model_type": "qwen3", "max_position_embeddings": _NO_POSITION_LIMIT, **d}
   layer_d["model_type"] = "qwen3"  # the draft layers are Qwen3 layers whatever the target is
   layers = model_config.from_hf_dict(layer_d, source=source)

@@ -33,6 +33,46 @@ REFUSED = {
   "xpress": "Xpress drafters are not implemented in specdec",
 }
 _NO_POSITION_LIMIT = 1 << 20
+# Keys every speculators config carries that do not change what the drafter computes.
+_COMMON = {
+  KEY,
+  "architectures",
+  "auto_map",
+  "dtype",
+  "torch_dtype",
+  "speculators_config",
+  "speculators_version",
+  "tie_word_embeddings",
+  "transformer_layer_config",
+  "transformers_version",
+}
+_DFLASH = {
+  "aux_hidden_state_layer_ids",
+  "block_size",
+  "draft_vocab_size",
+  "mask_token_id",
+  "sample_from_anchor",
+  "sliding_window_non_causal",
+  "target_hidden_size",
+}
+KNOWN = {
+  "dflash": _COMMON | _DFLASH,
+  "dflash2": _COMMON
+  | _DFLASH
+  | {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"},
+  "eagle3": _COMMON
+  | {
+    "draft_vocab_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "embed_requires_grad",  # training only
+    "fc_norm",
+    "norm_before_fc",
+    "norm_before_residual",
+    "norm_output",
+    "target_hidden_size",
+  },
+  "mtp": _COMMON | {"num_nextn_predict_layers"},
+}
 
 
 def model_type(d: dict[str, Any], source: str) -> str | None:
@@ -44,6 +84,12 @@ def model_type(d: dict[str, Any], source: str) -> str | None:
     raise ValueError(f"{source}: {KEY} {kind!r}: {REFUSED[kind]}")
   if kind not in SUPPORTED:
     raise ValueError(f"{source}: unknown {KEY} {kind!r}; supported: {', '.join(SUPPORTED)}")
+  unknown = sorted(set(d) - KNOWN[kind])
+  if unknown:
+    raise ValueError(
+      f"{source}: speculators {kind} option(s) {unknown} are not implemented in specdec (a key "
+      "it does not know could change the drafts)"
+    )
   return kind
 
 

@@ -271,6 +271,16 @@ REFUSED = {
     lambda d: d.update(aux_hidden_state_layer_ids=[2, 2]),
     "aux_hidden_state_layer_ids [2, 2] repeats layer id(s) [2]",
   ),
+  "unknown option": (
+    "spec_dflash_noncausal",
+    lambda d: d.update(anchor_temperature=0.5),
+    "speculators dflash option(s) ['anchor_temperature'] are not implemented",
+  ),
+  "unknown dflash_config option": (
+    "zlab_dflash_default",
+    lambda d: d["dflash_config"].update(noise_schedule="cosine"),
+    "dflash_config option(s) ['noise_schedule'] are not implemented",
+  ),
   "missing mask_token_id": (
     "spec_dflash_noncausal",
     lambda d: d.pop("mask_token_id"),
@@ -308,6 +318,8 @@ REFUSED = {
 def test_unsupported_options_are_refused_by_name(name, tmp_path):
   case, fn, message = REFUSED[name]
   path = _edit(case, tmp_path, fn)
-  loader = {"spec_d": load_block, "spec_e": load_eagle3, "spec_m": load_mtp}[case[:6]]
+  loader = {"spec_d": load_block, "zlab_d": load_block, "spec_e": load_eagle3}.get(
+    case[:6], load_mtp
+  )
   with pytest.raises(CheckpointError, match=re.escape(message)):
     loader(path, target_for(case, 3 if "eagle3" in case else 2))
