@@ -21,7 +21,8 @@ Draft budget k vs block size b. One forward drafts b-1 tokens (rows 1..b-1; row 
             b-1 of forward j-1 is forward j's anchor position). The context cache is untouched.
             Cost: ceil(k / (b-1)) draft forwards; drafts beyond k are discarded.
 This chaining is our choice (the DFlash sources always draft exactly b-1); its acceptance past
-b-1 is a measurement, not a promise.
+b-1 is a measurement, not a promise. With DSpark's sample_from_anchor every row drafts (row r the
+token after position start + r), so read b for b-1 above.
 """
 
 import dataclasses
@@ -36,6 +37,7 @@ from specdec.drafters.block_config import BlockConfig, make_config
 from specdec.drafters.block_model import BlockDraft, Extra, init_variables, single_block_rows
 from specdec.drafters.block_select import candidates, pick, predecessors, walk
 from specdec.models.transformer import Transformer
+from specdec.ops import sampling as sampling_lib
 from specdec.ops.kv_cache import write_cache
 
 
@@ -102,10 +104,10 @@ class Block(Drafter):
     x_BTX = jnp.concatenate(taps, -1)
     return self.module.apply({"params": params["draft"]}, x_BTX, pos_BT, method="context")
 
-  def draft_logits(self, params, h_BPD):
+  def draft_logits(self, params, h_BPD, bias_BPv=None):
     """float32 logits over the TARGET vocabulary from the draft's final hidden: the target's head
     (or the draft's own over a reduced vocabulary, -inf at ids it cannot draft), multiplied by
-    `logit_scale`, then soft-capped."""
+    `logit_scale`, soft-capped, plus DSpark's Markov bias (over the draft vocabulary)."""
     c = self.cfg
     if c.reduced_vocab:
       x = self.module.apply({"params": params["draft"]}, h_BPD, method="draft_head")
@@ -115,6 +117,8 @@ class Block(Drafter):
       x = x * c.logit_scale
     if c.logit_softcap:
       x = c.logit_softcap * jnp.tanh(x / c.logit_softcap)
+    if bias_BPv is not None:
+      x = x + bias_BPv
     if not c.reduced_vocab:
       return x
     full_BPV = jnp.full(x.shape[:-1] + (c.layers.vocab_size,), -jnp.inf)
@@ -133,7 +137,11 @@ class Block(Drafter):
       x_BbD = (x_BbD * c.embed_scale).astype(x_BbD.dtype)
     variables = {"params": params["draft"]}
     h_BbD, kv = self.module.apply(variables, x_BbD, rows, st.k, st.v, extra)
-    h_BPD = h_BbD[:, 1:]
+    if c.markov:
+      d_BP, logits_BPV = self._markov_walk(params, h_BbD, token_B, sampling, key)
+      q_BPV = None if sampling.greedy else sampling_lib.probs(logits_BPV, sampling)
+      return d_BP, q_BPV, kv, rows
+    h_BPD = h_BbD if c.sample_from_anchor else h_BbD[:, 1:]
     logits_BPV = self.draft_logits(params, h_BPD)
     if not c.selector:
       d_BP, q_BPV = pick(logits_BPV, sampling, key)
@@ -144,6 +152,29 @@ class Block(Drafter):
     edge_BPcc = unary_BPc[:, :, None, :] + pair_BPcc
     d_BP, q_BPV = walk(edge_BPcc, cand_BPc, logits_BPV.shape[-1], sampling, key)
     return d_BP, q_BPV, kv, rows
+
+  def _markov_walk(self, params, h_BbD, token_B, sampling, key):
+    """DSpark: rows in order, each row's logits biased by the token before the one it drafts
+    (the anchor, then the previous row's draft); the rnn state runs over every row, the anchor
+    row included even when it does not draft. Returns (drafts [B, P], their logits [B, P, V])."""
+    c, B = self.cfg, token_B.shape[0]
+    first = 0 if c.sample_from_anchor else 1
+    variables = {"params": params["draft"]}
+    state_Br = jnp.zeros((B, c.markov_rank), jnp.float32)
+    prev_B, drafts, logits = token_B, [], []
+    for r, key_r in enumerate(jax.random.split(key, c.block_size)):
+      h_B1D = h_BbD[:, r : r + 1]
+      bias_Bv, state_Br = self.module.apply(
+        variables, state_Br, prev_B, h_B1D[:, 0], method="markov_bias"
+      )
+      if r < first:
+        continue
+      logits_B1V = self.draft_logits(params, h_B1D, bias_Bv[:, None])
+      d_B1, _ = pick(logits_B1V, sampling, key_r)
+      prev_B = d_B1[:, 0]
+      drafts.append(d_B1)
+      logits.append(logits_B1V)
+    return jnp.concatenate(drafts, 1), jnp.concatenate(logits, 1)
 
   # --- the protocol ------------------------------------------------------------------------------
 
@@ -160,7 +191,7 @@ class Block(Drafter):
     )
 
   def propose(self, params, st, ctx, k, sampling, key):
-    P = self.cfg.block_size - 1
+    P = self.cfg.drafts_per_forward
     B = ctx.lengths_B.shape[0]
     start_B = ctx.lengths_B - 1
     token_B = ctx.tokens_BS[jnp.arange(B), start_B]

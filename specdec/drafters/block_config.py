@@ -56,6 +56,10 @@ class BlockConfig:
   logit_scale: float = 1.0  # draft logits are multiplied by this, then ...
   logit_softcap: float = 0.0  # ... capped as cap * tanh(logits / cap); 0: off
   draft_vocab_size: int = 0  # > 0: the draft has its own lm_head over this many target ids
+  sample_from_anchor: bool = False  # DSpark: the anchor row drafts too (b drafts per forward)
+  markov_rank: int = 0  # DSpark's sequential logit bias from the previous token; 0: off
+  markov_head_type: str = "vanilla"  # "vanilla" | "gated" | "rnn"
+  confidence_head: int = 0  # DSpark's acceptance predictor: its input width (0: none); unused
 
   @property
   def conv(self) -> bool:
@@ -72,6 +76,14 @@ class BlockConfig:
   @property
   def reduced_vocab(self) -> bool:
     return self.draft_vocab_size > 0
+
+  @property
+  def markov(self) -> bool:
+    return self.markov_rank > 0
+
+  @property
+  def drafts_per_forward(self) -> int:
+    return self.block_size if self.sample_from_anchor else self.block_size - 1
 
   def window(self, layer: int) -> int | None:
     return self.windows[layer] if self.windows else None
@@ -116,6 +128,13 @@ class BlockConfig:
         f"{source}: a reduced draft vocabulary (draft_vocab_size {self.draft_vocab_size}) with "
         "the DFlash2 candidate selector is not supported (speculators refuses it too)"
       )
+    if self.markov and self.markov_head_type not in MARKOV_HEAD_TYPES:
+      raise ValueError(
+        f"{source}: markov_head_type {self.markov_head_type!r} is not one of "
+        f"{', '.join(MARKOV_HEAD_TYPES)}"
+      )
+    if self.markov and self.selector:
+      raise ValueError(f"{source}: a Markov head with the DFlash2 selector is not supported")
     if any(w is not None and w < 1 for w in self.windows):
       raise ValueError(f"{source}: sliding_window must be >= 1, got {self.windows}")
     if self.conv and c.hidden_size % self.conv_group_size:
@@ -202,6 +221,7 @@ def _zlab_causal(d: dict[str, Any], windows: tuple[int | None, ...], n: int) -> 
   return causal if any(causal) else ()
 
 
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 DFLASH_SCALARS = {  # dflash_config key -> (BlockConfig field, default)
   "input_embedding_scale": ("embed_scale", 1.0),
   "output_multiplier": ("logit_scale", 1.0),

@@ -7,6 +7,8 @@ linear weights are stored (out, in) there and (in, out) here:
   layers.{i}.input_layernorm.weight              layers.{i}.post_attention_layernorm.weight
   layers.{i}.self_attn.{q,k,v,o}_proj.weight     layers.{i}.self_attn.{q,k}_norm.weight [H]
   layers.{i}.mlp.{gate,up,down}_proj.weight
+  DSpark (speculators): markov_head.markov_w1.weight [V, r], markov_head.markov_w2.weight [Vd, r],
+  markov_head.{gate_proj,joint_proj}.{weight,bias} (gated / rnn), confidence_head.proj.*
   DFlash2:
   layers.{i}.{attention,mlp}_conv.base_kernel [2, taps, D]   (side: before/after; tap 0 = current)
   layers.{i}.{attention,mlp}_conv.kernel_projection.weight [2 * taps * D / group, D]
@@ -79,6 +81,16 @@ def _tensor_names(cfg: BlockConfig) -> dict[str, tuple[str, bool]]:
       names[f"candidate_selector.{book}_codebook"] = (f"selector/{book}_codebook", False)
   if cfg.reduced_vocab:
     names["lm_head.weight"] = ("lm_head/kernel", True)
+  if cfg.markov:
+    names["markov_head.markov_w1.weight"] = ("markov_head/markov_w1", False)
+    names["markov_head.markov_w2.weight"] = ("markov_head/markov_w2/kernel", True)
+    proj = {"gated": "gate_proj", "rnn": "joint_proj"}.get(cfg.markov_head_type)
+    if proj:
+      names[f"markov_head.{proj}.weight"] = (f"markov_head/{proj}/kernel", True)
+      names[f"markov_head.{proj}.bias"] = (f"markov_head/{proj}/bias", False)
+  if cfg.confidence_head:
+    names["confidence_head.proj.weight"] = ("confidence_head/proj/kernel", True)
+    names["confidence_head.proj.bias"] = ("confidence_head/proj/bias", False)
   return names
 
 

@@ -16,7 +16,9 @@ and, in a layer with a sliding window w, only keys with |q - p| < w (the per-que
 of the DFlash2 reference; it bounds what the drafter reads, not the cache size).
 
 DFlash2 adds a two-sided dynamic grouped causal conv around each sublayer (`DynamicConv`) and the
-low-rank candidate selector (`Selector`), both documented where defined.
+low-rank candidate selector (`Selector`); DSpark a sequential logit bias from the previous token
+(`MarkovHead`) and an acceptance predictor (`ConfidenceHead`, loaded, not used to draft); each is
+documented where defined.
 """
 
 import functools
@@ -224,6 +226,52 @@ class Selector(nn.Module):
     return jnp.einsum("BPpr,BPr,BPcr->BPpc", a_BPpr, proj_BPr, b_BPcr)
 
 
+class MarkovHead(nn.Module):
+  """DSpark's low-rank sequential bias on the draft logits of block row k, from the token before
+  the one that row drafts: e = w1[prev] (rank r), then
+    vanilla  bias = w2(e)
+    gated    bias = w2(sigmoid(gate_proj([h, e])) * e)
+    rnn      [g, c, o] = joint_proj([state, e, h]); state' = sigmoid(g) state + (1 - sigmoid(g))
+             tanh(c); bias = w2(tanh(o))       (the state runs over every row of the block)
+  h is the row's final-norm hidden; the bias is over the draft vocabulary."""
+
+  vocab: int
+  out: int
+  rank: int
+  kind: str
+
+  def setup(self):
+    self.markov_w1 = self.param("markov_w1", nn.initializers.normal(0.01), (self.vocab, self.rank))
+    self.markov_w2 = Linear(self.out)
+    if self.kind == "gated":
+      self.gate_proj = Linear(self.rank, use_bias=True)
+    if self.kind == "rnn":
+      self.joint_proj = Linear(3 * self.rank, use_bias=True)
+
+  def __call__(self, state_Br, prev_B, h_BD):
+    """One row: (bias [B, out] float32, next state [B, r])."""
+    e_Br = self.markov_w1[prev_B].astype(jnp.float32)
+    h_BD = h_BD.astype(jnp.float32)
+    if self.kind == "gated":
+      e_Br = jax.nn.sigmoid(self.gate_proj(jnp.concatenate([h_BD, e_Br], -1))) * e_Br
+    elif self.kind == "rnn":
+      z_BX = jnp.concatenate([state_Br, e_Br, h_BD], -1)
+      g_Br, c_Br, o_Br = jnp.split(self.joint_proj(z_BX), 3, -1)
+      g_Br = jax.nn.sigmoid(g_Br)
+      state_Br = g_Br * state_Br + (1 - g_Br) * jnp.tanh(c_Br)
+      e_Br = jnp.tanh(o_Br)
+    return self.markov_w2(e_Br).astype(jnp.float32), state_Br
+
+
+class ConfidenceHead(nn.Module):
+  """DSpark's per-row acceptance logit (proj of [h] or [h, w1[prev]]): vLLM schedules draft
+  lengths with it; specdec's fixed-k step does not, so it is carried for round trips only."""
+
+  @nn.compact
+  def __call__(self, x_BPX):
+    return Linear(1, use_bias=True, name="proj")(x_BPX)[..., 0]
+
+
 class BlockDraft(nn.Module):
   cfg: BlockConfig
 
@@ -240,6 +288,12 @@ class BlockDraft(nn.Module):
       self.selector = Selector(c.vocab_size, self.cfg.selector_rank)
     if self.cfg.reduced_vocab:
       self.lm_head = Linear(self.cfg.draft_vocab_size)
+    if self.cfg.markov:
+      out = self.cfg.draft_vocab_size or c.vocab_size
+      cfg = self.cfg
+      self.markov_head = MarkovHead(c.vocab_size, out, cfg.markov_rank, cfg.markov_head_type)
+    if self.cfg.confidence_head:
+      self.confidence_head = ConfidenceHead()
 
   def context(self, taps_BTX, pos_BT):
     """Fused taps [B, T, n_taps * D] -> per-layer context (k [B, T, K, H], v) at `pos`."""
@@ -260,6 +314,9 @@ class BlockDraft(nn.Module):
   def select(self, h_BPD, pred_BPp, cand_BPc):
     return self.selector(h_BPD, pred_BPp, cand_BPc)
 
+  def markov_bias(self, state_Br, prev_B, h_BD):
+    return self.markov_head(state_Br, prev_B, h_BD)
+
   def draft_head(self, h_BPD):
     """float32 logits over the draft's own vocabulary [.., Vd] (a reduced-vocabulary draft)."""
     return self.lm_head(h_BPD).astype(jnp.float32)
@@ -275,6 +332,12 @@ class BlockDraft(nn.Module):
       self.select(h_BRD, tok_BR1, tok_BR1)
     if self.cfg.reduced_vocab:
       self.draft_head(h_BRD)
+    B = h_BRD.shape[0]
+    if self.cfg.markov:
+      state = jnp.zeros((B, self.cfg.markov_rank), jnp.float32)
+      self.markov_bias(state, jnp.zeros((B,), jnp.int32), h_BRD[:, 0])
+    if self.cfg.confidence_head:
+      self.confidence_head(jnp.zeros((B, 1, self.cfg.confidence_head), h_BRD.dtype))
     return h_BRD
 
 

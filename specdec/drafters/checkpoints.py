@@ -30,7 +30,7 @@ def detect(path: str) -> str:
   except (ValueError, model_config.ConfigError) as e:
     raise CheckpointError(str(e)) from e
   if kind is not None:
-    return {"dflash": "block", "dflash2": "block"}.get(kind, kind)
+    return "block" if kind in speculators.BLOCK_KINDS else kind
   arch = (d.get("architectures") or [None])[0]
   if arch in (ARCH_DFLASH, ARCH_DFLASH2) or "dflash_config" in d:
     return "block"

@@ -4,12 +4,15 @@ A speculators config.json is told apart from the z-lab / EAGLE layouts by its ke
 `architectures` (a converted DFlash keeps z-lab's name): it has `speculators_model_type` and the
 draft layers under `transformer_layer_config`. Per type:
 
-  dflash, dflash2  aux_hidden_state_layer_ids (vLLM's ids: id i is the INPUT of target layer i,
+  dflash, dflash2, dspark
+                   aux_hidden_state_layer_ids (vLLM's ids: id i is the INPUT of target layer i,
                    0 the embedding output, so z-lab's target_layer_ids + 1), mask_token_id,
                    block_size, draft_vocab_size (< vocab: lm_head + d2t + t2d ship),
                    sliding_window_non_causal (false: sliding layers are causal inside the block;
-                   full layers are always bidirectional), sample_from_anchor (refused if true),
-                   dflash2: conv_kernel_size, conv_group_size, selector_rank, selector_top_k.
+                   full layers are always bidirectional), sample_from_anchor (the anchor row
+                   drafts too), dflash2: conv_kernel_size, conv_group_size, selector_rank,
+                   selector_top_k; dspark: markov_rank, markov_head_type,
+                   enable_confidence_head, confidence_head_with_markov.
   eagle3           eagle_aux_hidden_state_layer_ids (vLLM's ids), draft_vocab_size,
                    norm_before_residual, norm_before_fc, fc_norm, norm_output,
                    target_hidden_size; the layer is llama or qwen3 (q/k norms).
@@ -26,9 +29,9 @@ from specdec.drafters.block_config import BlockConfig, windows_of
 from specdec.models import config as model_config
 
 KEY = "speculators_model_type"
-SUPPORTED = ("dflash", "dflash2", "eagle3", "mtp")
+SUPPORTED = ("dflash", "dflash2", "dspark", "eagle3", "mtp")
+BLOCK_KINDS = ("dflash", "dflash2", "dspark")
 REFUSED = {
-  "dspark": "DSpark drafters are not implemented in specdec yet",
   "peagle": "parallel EAGLE drafters are not implemented in specdec",
   "xpress": "Xpress drafters are not implemented in specdec",
 }
@@ -72,6 +75,9 @@ KNOWN = {
     "target_hidden_size",
   },
   "mtp": _COMMON | {"num_nextn_predict_layers"},
+  "dspark": _COMMON
+  | _DFLASH
+  | {"markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov"},
 }
 
 
@@ -150,10 +156,10 @@ def _windows(tl: dict[str, Any], n: int, source: str) -> tuple[int | None, ...]:
 
 
 def block_config(d: dict[str, Any], source: str) -> BlockConfig:
-  """A speculators DFlash / DFlash2 config -> BlockConfig (draft_vocab_size 0 = full)."""
+  """A speculators DFlash / DFlash2 / DSpark config -> BlockConfig (draft_vocab_size 0 = full)."""
   kind = model_type(d, source)
-  if kind not in ("dflash", "dflash2"):
-    raise ValueError(f"{source}: {KEY} {kind!r} is not a block drafter (dflash, dflash2)")
+  if kind not in BLOCK_KINDS:
+    raise ValueError(f"{source}: {KEY} {kind!r} is not a block drafter ({', '.join(BLOCK_KINDS)})")
   tl = layer_dict(d, source)
   if tl.get("hidden_act", "silu") not in ("silu", "swish"):
     raise ValueError(
@@ -161,11 +167,6 @@ def block_config(d: dict[str, Any], source: str) -> BlockConfig:
     )
   layers = _layers({**tl, "model_type": "qwen3"}, source)
   n = layers.num_layers
-  if d.get("sample_from_anchor"):
-    raise ValueError(
-      f"{source}: sample_from_anchor=true (the anchor row drafts too, block_size drafts per "
-      "forward) is not supported; specdec drafts block_size - 1 tokens from the mask rows"
-    )
   th = d.get("target_hidden_size")
   if th is not None and int(th) != layers.hidden_size:
     raise ValueError(
@@ -191,6 +192,8 @@ def block_config(d: dict[str, Any], source: str) -> BlockConfig:
       selector_rank=int(d["selector_rank"]),
       selector_top_k=int(d["selector_top_k"]),
     )
+  if kind == "dspark":
+    v2 = _dspark(d, layers)
   return BlockConfig(
     layers=layers,
     target_layer_ids=taps,
@@ -199,8 +202,21 @@ def block_config(d: dict[str, Any], source: str) -> BlockConfig:
     windows=windows,
     causal=causal if any(causal) else (),
     draft_vocab_size=vd if vd != layers.vocab_size else 0,
+    sample_from_anchor=bool(d.get("sample_from_anchor", kind == "dspark")),
     **v2,
   ).check(source)
+
+
+def _dspark(d: dict[str, Any], layers) -> dict[str, Any]:
+  """DSpark's Markov and confidence heads (speculators' defaults where a key is absent)."""
+  rank = int(d.get("markov_rank", 256))
+  confidence = bool(d.get("enable_confidence_head", True))
+  with_markov = bool(d.get("confidence_head_with_markov", True)) and rank > 0
+  return dict(
+    markov_rank=rank,
+    markov_head_type=str(d.get("markov_head_type", "vanilla")),
+    confidence_head=(layers.hidden_size + (rank if with_markov else 0)) if confidence else 0,
+  )
 
 
 def _speculators_config(kind: str, tokens: int, verifier: dict | None) -> dict[str, Any]:
@@ -215,6 +231,8 @@ def _speculators_config(kind: str, tokens: int, verifier: dict | None) -> dict[s
 def block_dict(cfg: BlockConfig, verifier: dict | None = None) -> dict[str, Any]:
   """BlockConfig -> a speculators DFlash / DFlash2 config.json dict."""
   kind = "dflash2" if cfg.conv or cfg.selector else "dflash"
+  if cfg.markov or cfg.confidence_head:
+    kind = "dspark"
   if cfg.conv != cfg.selector:
     raise ValueError("the speculators dflash2 format needs both the conv and the selector")
   for field, default, key in (
@@ -243,9 +261,14 @@ def block_dict(cfg: BlockConfig, verifier: dict | None = None) -> dict[str, Any]
     use_sliding_window=bool(sliding),
   )
   tl.pop("architectures", None)
+  arch = {
+    "dflash": "DFlashSpeculator",
+    "dflash2": "DFlash2DraftModel",
+    "dspark": "DSparkSpeculator",
+  }
   d: dict[str, Any] = {
     KEY: kind,
-    "architectures": ["DFlash2DraftModel" if kind == "dflash2" else "DFlashSpeculator"],
+    "architectures": [arch[kind]],
     "transformer_layer_config": tl,
     "draft_vocab_size": cfg.draft_vocab_size or cfg.layers.vocab_size,
     "block_size": cfg.block_size,
@@ -253,9 +276,16 @@ def block_dict(cfg: BlockConfig, verifier: dict | None = None) -> dict[str, Any]
     "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
     "mask_token_id": cfg.mask_token_id,
     "sliding_window_non_causal": not any(causal),
-    "sample_from_anchor": False,
-    "speculators_config": _speculators_config(kind, cfg.block_size - 1, verifier),
+    "sample_from_anchor": cfg.sample_from_anchor,
+    "speculators_config": _speculators_config(kind, cfg.drafts_per_forward, verifier),
   }
+  if kind == "dspark":
+    d.update(
+      markov_rank=cfg.markov_rank,
+      markov_head_type=cfg.markov_head_type,
+      enable_confidence_head=bool(cfg.confidence_head),
+      confidence_head_with_markov=cfg.confidence_head > cfg.hidden_size,
+    )
   if kind == "dflash2":
     d.update(
       conv_kernel_size=cfg.conv_kernel_size,

@@ -35,6 +35,8 @@ BLOCK_CASES = [
   "spec_dflash_causal_reduced",
   "spec_dflash_noncausal",
   "spec_dflash2",
+  "spec_dspark_rnn",
+  "spec_dspark_gated_reduced",
   "zlab_dflash_default",
   "zlab_dflash_is_causal",
   "zlab_dflash2",
@@ -75,12 +77,17 @@ def _block_run(d, params, taps_BTX, anchor, n, S):
   out = ForwardOut(None, KVCache.zeros(d.target.config, 1, S, d.target.dtype), taps, None)
   st = d.init(params, jnp.zeros((1, n), jnp.int32), jnp.array([n]), out)
   ctx = Context(jnp.zeros((1, S), jnp.int32).at[0, n].set(anchor), jnp.array([n + 1]))
-  draft, _, _ = d.propose(params, st, ctx, b - 1, Sampling(), jax.random.key(0))
+  P = d.cfg.drafts_per_forward
+  draft, _, _ = d.propose(params, st, ctx, P, Sampling(), jax.random.key(0))
   tok = jnp.concatenate([anchor[None, None], jnp.full((1, b - 1), d.cfg.mask_token_id)], 1)
   x = d._shared(params, tok, "embed_tokens") * d.cfg.embed_scale
   rows = single_block_rows(jnp.array([n]), b)
   h, _ = d.module.apply({"params": params["draft"]}, x, rows, st.k, st.v)
-  return draft[0], h[0], d.draft_logits(params, h[:, 1:])[0]
+  if d.cfg.markov:  # each row's bias reads the previous row's draft
+    _, logits = d._markov_walk(params, h, anchor[None], Sampling(), jax.random.key(0))
+  else:
+    logits = d.draft_logits(params, h if d.cfg.sample_from_anchor else h[:, 1:])
+  return draft[0], h[0], logits[0]
 
 
 def _check_block(d, case):
@@ -102,6 +109,9 @@ def test_block_drafter_matches_its_package(case):
     assert d.cfg.is_causal(0) == (not opts["non_causal"]) and not d.cfg.is_causal(1)
     assert d.cfg.draft_vocab_size == (40 if opts["reduced"] else 0)
     assert d.cfg.selector == d.cfg.conv == opts["v2"]
+    assert d.cfg.markov_rank == opts.get("markov_rank", 0)
+    assert d.cfg.markov_head_type == opts.get("markov_head_type", "vanilla")
+    assert d.cfg.sample_from_anchor == opts.get("sample_from_anchor", "markov_rank" in opts)
   if case == "zlab_dflash_default":  # no is_causal: the sliding layer is causal, the full is not
     assert d.cfg.causal == (True, False) and d.cfg.windows == (4, None)
     assert (d.cfg.embed_scale, d.cfg.logit_scale, d.cfg.logit_softcap) == (1.5, 0.7, 3.0)
@@ -153,19 +163,20 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3, 9, 3, 9]]
 
 
 @pytest.mark.parametrize(
-  "case,loader,layers",
+  "case,loader,layers,k",
   [
-    ("spec_dflash_causal_reduced", load_block, 2),
-    ("zlab_dflash2", load_block, 2),
-    ("spec_eagle3_llama", load_eagle3, 3),
-    ("spec_mtp", load_mtp, 2),
+    ("spec_dflash_causal_reduced", load_block, 2, 3),
+    ("zlab_dflash2", load_block, 2, 3),
+    ("spec_dspark_rnn", load_block, 2, 8),  # b = 6 drafts per forward: chained past one block
+    ("spec_eagle3_llama", load_eagle3, 3, 3),
+    ("spec_mtp", load_mtp, 2, 3),
   ],
 )
-def test_greedy_identity_through_generate(case, loader, layers):
+def test_greedy_identity_through_generate(case, loader, layers, k):
   target = target_for(case, layers)
   base = specdec.generate(target, PROMPTS, max_new_tokens=12).tokens
   d = loader(os.path.join(HERE, case), target)
-  out = specdec.generate(target, PROMPTS, max_new_tokens=12, drafter=d, k=3)
+  out = specdec.generate(target, PROMPTS, max_new_tokens=12, drafter=d, k=k)
   assert out.tokens == base
 
 
@@ -188,7 +199,7 @@ def saved(case, root) -> str:
 @pytest.mark.parametrize("case", sorted(META["cases"]))
 def test_load_drafter_tells_the_layouts_apart(case):
   d = specdec.load_drafter(os.path.join(HERE, case), target_for(case, layers_for(case)))
-  want = {"dflash": "block", "eagle3": "eagle3", "mtp": "mtp"}
+  want = {"dflash": "block", "dspark": "block", "eagle3": "eagle3", "mtp": "mtp"}
   assert d.name == next(v for k, v in want.items() if k in case)
 
 
@@ -202,7 +213,11 @@ def test_speculators_loaded_what_specdecsaved(case, tmp_path):
   save; the committed copy is what specdec.save writes today."""
   rec = META["roundtrip"][case]
   assert rec["loaded_by"].startswith("speculators ")
-  kinds = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+  kinds = {
+    "dflash": "DFlashDraftModel",
+    "dflash2": "DFlash2DraftModel",
+    "dspark": "DSparkDraftModel",
+  }
   kinds.update(eagle3="Eagle3DraftModel", mtp="MTPDraftModel")
   assert rec["class"] == kinds[case.split("_")[1]]
   diffs = rec["max_abs_diff_vs_package_save"]
@@ -251,15 +266,15 @@ def _edit(case, tmp_path, fn):
 
 
 REFUSED = {
-  "sample_from_anchor": (
+  "peagle": (
     "spec_dflash_noncausal",
-    lambda d: d.update(sample_from_anchor=True),
-    "sample_from_anchor=true",
+    lambda d: d.update(speculators_model_type="peagle"),
+    "speculators_model_type 'peagle': parallel EAGLE drafters are not implemented",
   ),
-  "dspark": (
-    "spec_dflash_noncausal",
-    lambda d: d.update(speculators_model_type="dspark"),
-    "speculators_model_type 'dspark'",
+  "dspark head type": (
+    "spec_dspark_rnn",
+    lambda d: d.update(markov_head_type="lstm"),
+    "markov_head_type 'lstm' is not one of vanilla, gated, rnn",
   ),
   "aux id 0": (
     "spec_dflash_noncausal",
