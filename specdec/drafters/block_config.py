@@ -314,9 +314,10 @@ def to_hf_dict(cfg: BlockConfig) -> dict[str, Any]:
   for key, (field, default) in DFLASH_SCALARS.items():
     if getattr(cfg, field) != default:
       dc[key] = getattr(cfg, field)
-  if cfg.reduced_vocab:
+  if cfg.reduced_vocab or cfg.markov or cfg.confidence_head or cfg.sample_from_anchor:
     raise ValueError(
-      'the z-lab DFlash layout has no reduced draft vocabulary; save it with format="speculators"'
+      "the z-lab DFlash layout has no reduced draft vocabulary, DSpark head or "
+      'sample_from_anchor; save it with format="speculators"'
     )
   windows = windows_of(cfg)
   causal = [cfg.is_causal(i) for i in range(cfg.layers.num_layers)]
