@@ -192,7 +192,7 @@ def make_config(
   ).check()
 
 
-def _windows(d: dict[str, Any], n_layers: int, source: str) -> tuple[int | None, ...]:
+def layer_windows(d: dict[str, Any], n_layers: int, source: str) -> tuple[int | None, ...]:
   window = d.get("sliding_window")
   types = d.get("layer_types")
   if types is not None:
@@ -278,7 +278,7 @@ def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> BlockConfig:
   for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
     if v2 and key not in dc:
       raise ValueError(f"{source}: {ARCH_DFLASH2} needs dflash_config.{key}")
-  windows = _windows(d, n, source)
+  windows = layer_windows(d, n, source)
   scalars = {}
   for key, (field, default) in DFLASH_SCALARS.items():
     value = dc.get(key, d.get(key))

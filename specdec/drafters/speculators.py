@@ -25,7 +25,7 @@ Tensor names: DFlash as z-lab's (plus lm_head / d2t / t2d for a reduced vocabula
 
 from typing import Any
 
-from specdec.drafters.block_config import BlockConfig, windows_of
+from specdec.drafters.block_config import BlockConfig, layer_windows, windows_of
 from specdec.models import config as model_config
 
 KEY = "speculators_model_type"
@@ -137,24 +137,6 @@ def _layers(tl: dict[str, Any], source: str, model_type_default: str = "qwen3"):
     raise ValueError(str(e)) from e
 
 
-def _windows(tl: dict[str, Any], n: int, source: str) -> tuple[int | None, ...]:
-  types = tl.get("layer_types")
-  if not types:
-    return ()
-  if len(types) != n:
-    raise ValueError(f"{source}: transformer_layer_config.layer_types has {len(types)} for {n}")
-  unknown = set(types) - {"sliding_attention", "full_attention"}
-  if unknown:
-    raise ValueError(f"{source}: transformer_layer_config.layer_types {sorted(unknown)} unknown")
-  window = tl.get("sliding_window")
-  if "sliding_attention" in types and not window:
-    raise ValueError(
-      f"{source}: sliding_attention layers but no transformer_layer_config.sliding_window"
-    )
-  ws = tuple(int(window) if t == "sliding_attention" else None for t in types)
-  return ws if any(w is not None for w in ws) else ()
-
-
 def block_config(d: dict[str, Any], source: str) -> BlockConfig:
   """A speculators DFlash / DFlash2 / DSpark config -> BlockConfig (draft_vocab_size 0 = full)."""
   kind = model_type(d, source)
@@ -177,7 +159,7 @@ def block_config(d: dict[str, Any], source: str) -> BlockConfig:
     if d.get(key) is None:
       raise ValueError(f"{source}: missing {key} (a speculators {kind} config needs it)")
   taps = aux_ids_to_taps(d["aux_hidden_state_layer_ids"], "aux_hidden_state_layer_ids", source)
-  windows = _windows(tl, n, source)
+  windows = layer_windows(tl, n, f"{source} transformer_layer_config")
   non_causal = bool(d.get("sliding_window_non_causal", kind == "dflash2"))
   causal = tuple(w is not None and not non_causal for w in windows) if windows else ()
   vd = int(d.get("draft_vocab_size") or layers.vocab_size)
