@@ -2,6 +2,8 @@
 
 Public API (internals may change):
   load(path, dtype)            an HF-layout checkpoint -> Model (projections fused)
+  load_drafter(path, target)   a learned drafter in any published layout (speculators, z-lab,
+                               EAGLE-3, MTP); save(path, drafter) writes the speculators format
   generate(model, prompts, ...) greedy / sampled / speculative generation with stats
   drafters                     null(), ngram(min_n, max_n), draft_lm(model), load_* for learned ones
   Model, ModelConfig, Sampling
@@ -22,7 +24,8 @@ _EXPORTS = {
   "Sampling": "specdec.ops.sampling",
   "generate": "specdec.decoding.generate",
   "load": "specdec.checkpoint.loader",
-  "save": "specdec.checkpoint.loader",
+  "load_drafter": "specdec.drafters.checkpoints",
+  "save": "specdec.drafters.checkpoints",
 }
 
 __all__ = sorted([*_EXPORTS, "drafters"])

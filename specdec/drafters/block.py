@@ -21,7 +21,8 @@ Draft budget k vs block size b. One forward drafts b-1 tokens (rows 1..b-1; row 
             b-1 of forward j-1 is forward j's anchor position). The context cache is untouched.
             Cost: ceil(k / (b-1)) draft forwards; drafts beyond k are discarded.
 This chaining is our choice (the DFlash sources always draft exactly b-1); its acceptance past
-b-1 is a measurement, not a promise.
+b-1 is a measurement, not a promise. With DSpark's sample_from_anchor every row drafts (row r the
+token after position start + r), so read b for b-1 above.
 """
 
 import dataclasses
@@ -36,6 +37,7 @@ from specdec.drafters.block_config import BlockConfig, make_config
 from specdec.drafters.block_model import BlockDraft, Extra, init_variables, single_block_rows
 from specdec.drafters.block_select import candidates, pick, predecessors, walk
 from specdec.models.transformer import Transformer
+from specdec.ops import sampling as sampling_lib
 from specdec.ops.kv_cache import write_cache
 
 
@@ -52,12 +54,16 @@ class Block(Drafter):
   target: Any = None  # specdec.Model: config, dtype, and the shared embedding / LM head
   cfg: BlockConfig = None
   draft_params: Any = None  # {"params": ...} of BlockDraft
+  draft_ids: Any = None  # int32 [Vd]: target id of each draft id (a reduced-vocabulary draft)
 
   @property
   def params(self):
     p = self.target.params["params"]
     shared = {name: p[name] for name in ("embed", "lm_head") if name in p}
-    return {"draft": self.draft_params["params"], "shared": shared}
+    out = {"draft": self.draft_params["params"], "shared": shared}
+    if self.cfg.reduced_vocab:
+      out["draft_ids"] = self.draft_ids
+    return out
 
   @property
   def module(self) -> BlockDraft:
@@ -98,6 +104,26 @@ class Block(Drafter):
     x_BTX = jnp.concatenate(taps, -1)
     return self.module.apply({"params": params["draft"]}, x_BTX, pos_BT, method="context")
 
+  def draft_logits(self, params, h_BPD, bias_BPv=None):
+    """float32 logits over the TARGET vocabulary from the draft's final hidden: the target's head
+    (or the draft's own over a reduced vocabulary, -inf at ids it cannot draft), multiplied by
+    `logit_scale`, soft-capped, plus DSpark's Markov bias (over the draft vocabulary)."""
+    c = self.cfg
+    if c.reduced_vocab:
+      x = self.module.apply({"params": params["draft"]}, h_BPD, method="draft_head")
+    else:
+      x = self._shared(params, h_BPD, "head")
+    if c.logit_scale != 1.0:
+      x = x * c.logit_scale
+    if c.logit_softcap:
+      x = c.logit_softcap * jnp.tanh(x / c.logit_softcap)
+    if bias_BPv is not None:
+      x = x + bias_BPv
+    if not c.reduced_vocab:
+      return x
+    full_BPV = jnp.full(x.shape[:-1] + (c.layers.vocab_size,), -jnp.inf)
+    return full_BPV.at[..., params["draft_ids"]].set(x)
+
   def _forward(self, params, st, token_B, start_B, extra, sampling, key):
     """One block anchored at `start` on `token`: (drafts [B, b-1], q or None, row K/V, rows)."""
     c, b = self.cfg, self.cfg.block_size
@@ -107,10 +133,16 @@ class Block(Drafter):
     )
     rows = single_block_rows(start_B, b)
     x_BbD = self._shared(params, tok_Bb, "embed_tokens")
+    if c.embed_scale != 1.0:
+      x_BbD = (x_BbD * c.embed_scale).astype(x_BbD.dtype)
     variables = {"params": params["draft"]}
     h_BbD, kv = self.module.apply(variables, x_BbD, rows, st.k, st.v, extra)
-    h_BPD = h_BbD[:, 1:]
-    logits_BPV = self._shared(params, h_BPD, "head")
+    if c.markov:
+      d_BP, logits_BPV = self._markov_walk(params, h_BbD, token_B, sampling, key)
+      q_BPV = None if sampling.greedy else sampling_lib.probs(logits_BPV, sampling)
+      return d_BP, q_BPV, kv, rows
+    h_BPD = h_BbD if c.sample_from_anchor else h_BbD[:, 1:]
+    logits_BPV = self.draft_logits(params, h_BPD)
     if not c.selector:
       d_BP, q_BPV = pick(logits_BPV, sampling, key)
       return d_BP, q_BPV, kv, rows
@@ -120,6 +152,29 @@ class Block(Drafter):
     edge_BPcc = unary_BPc[:, :, None, :] + pair_BPcc
     d_BP, q_BPV = walk(edge_BPcc, cand_BPc, logits_BPV.shape[-1], sampling, key)
     return d_BP, q_BPV, kv, rows
+
+  def _markov_walk(self, params, h_BbD, token_B, sampling, key):
+    """DSpark: rows in order, each row's logits biased by the token before the one it drafts
+    (the anchor, then the previous row's draft); the rnn state runs over every row, the anchor
+    row included even when it does not draft. Returns (drafts [B, P], their logits [B, P, V])."""
+    c, B = self.cfg, token_B.shape[0]
+    first = 0 if c.sample_from_anchor else 1
+    variables = {"params": params["draft"]}
+    state_Br = jnp.zeros((B, c.markov_rank), jnp.float32)
+    prev_B, drafts, logits = token_B, [], []
+    for r, key_r in enumerate(jax.random.split(key, c.block_size)):
+      h_B1D = h_BbD[:, r : r + 1]
+      bias_Bv, state_Br = self.module.apply(
+        variables, state_Br, prev_B, h_B1D[:, 0], method="markov_bias"
+      )
+      if r < first:
+        continue
+      logits_B1V = self.draft_logits(params, h_B1D, bias_Bv[:, None])
+      d_B1, _ = pick(logits_B1V, sampling, key_r)
+      prev_B = d_B1[:, 0]
+      drafts.append(d_B1)
+      logits.append(logits_B1V)
+    return jnp.concatenate(drafts, 1), jnp.concatenate(logits, 1)
 
   # --- the protocol ------------------------------------------------------------------------------
 
@@ -136,7 +191,7 @@ class Block(Drafter):
     )
 
   def propose(self, params, st, ctx, k, sampling, key):
-    P = self.cfg.block_size - 1
+    P = self.cfg.drafts_per_forward
     B = ctx.lengths_B.shape[0]
     start_B = ctx.lengths_B - 1
     token_B = ctx.tokens_BS[jnp.arange(B), start_B]
@@ -177,6 +232,7 @@ def block(
   *,
   sliding_window: int | None = None,
   seed: int = 0,
+  draft_ids=None,
   **config_kw,
 ) -> Block:
   """A block drafter for `target` (a specdec.Model).
@@ -186,6 +242,8 @@ def block(
   cfg: a BlockConfig; None builds one with `make_config(target.config, **config_kw)` (num_layers,
     block_size, target_layer_ids, mask_token_id, conv, selector, ...).
   sliding_window: overrides every draft layer's attention window (None keeps the config's).
+  draft_ids: int [Vd], the target id of each draft id, for a reduced-vocabulary draft
+    (cfg.draft_vocab_size > 0, e.g. from a speculators checkpoint's d2t).
   """
   if cfg is None:
     cfg = make_config(target.config, **config_kw)
@@ -197,4 +255,19 @@ def block(
     key = jax.random.key(seed)
     draft_params = init_variables(cfg, key, target.dtype, target.config.hidden_size)
   draft_params = jax.tree.map(lambda p: jnp.asarray(p, target.dtype), draft_params)
-  return Block(taps=cfg.target_layer_ids, target=target, cfg=cfg, draft_params=draft_params)
+  if cfg.reduced_vocab:
+    if draft_ids is None or len(draft_ids) != cfg.draft_vocab_size:
+      raise ValueError(
+        f"block drafter: draft_vocab_size {cfg.draft_vocab_size} needs draft_ids (d2t) of that "
+        "length"
+      )
+    draft_ids = jnp.asarray(draft_ids, jnp.int32)
+  elif draft_ids is not None:
+    raise ValueError("block drafter: draft_ids given but the config has the full vocabulary")
+  return Block(
+    taps=cfg.target_layer_ids,
+    target=target,
+    cfg=cfg,
+    draft_params=draft_params,
+    draft_ids=draft_ids,
+  )

@@ -3,8 +3,13 @@
 Published layout (z-lab DFlash `DFlashDraftModel`, DFlash2 `DFlash2DraftModel`): Qwen3 keys for the
 draft layers, plus `block_size` / `num_target_layers` at the top level and a `dflash_config` dict
 with `block_size`, `mask_token_id`, `target_layer_ids` and, for DFlash2, `conv_kernel_size`,
-`conv_group_size`, `selector_rank`, `selector_top_k`. Draft attention windows come from
-`layer_types` ("sliding_attention" layers use `sliding_window`).
+`conv_group_size`, `selector_rank`, `selector_top_k`, and optionally `input_embedding_scale`,
+`output_multiplier`, `final_logit_softcapping`. Draft attention windows come from `layer_types`
+("sliding_attention" layers use `sliding_window`); a sliding layer is causal inside the block unless
+`is_causal` says otherwise (z-lab's rule), `is_causal: true` makes every layer causal.
+
+The speculators (vLLM) layout is told apart by its `speculators_model_type` key ("dflash",
+"dflash2"); `speculators.py` maps it onto this same BlockConfig.
 """
 
 import dataclasses
@@ -46,6 +51,15 @@ class BlockConfig:
   selector_top_k: int = 0  # DFlash2 candidate selector; 0: off
   selector_rank: int = 0
   num_target_layers: int | None = None
+  causal: tuple[bool, ...] = ()  # per draft layer: block rows see only earlier rows; (): none
+  embed_scale: float = 1.0  # the block rows' embeddings are multiplied by this
+  logit_scale: float = 1.0  # draft logits are multiplied by this, then ...
+  logit_softcap: float = 0.0  # ... capped as cap * tanh(logits / cap); 0: off
+  draft_vocab_size: int = 0  # > 0: the draft has its own lm_head over this many target ids
+  sample_from_anchor: bool = False  # DSpark: the anchor row drafts too (b drafts per forward)
+  markov_rank: int = 0  # DSpark's sequential logit bias from the previous token; 0: off
+  markov_head_type: str = "vanilla"  # "vanilla" | "gated" | "rnn"
+  confidence_head: int = 0  # DSpark's acceptance predictor: its input width (0: none); unused
 
   @property
   def conv(self) -> bool:
@@ -59,8 +73,23 @@ class BlockConfig:
   def hidden_size(self) -> int:
     return self.layers.hidden_size
 
+  @property
+  def reduced_vocab(self) -> bool:
+    return self.draft_vocab_size > 0
+
+  @property
+  def markov(self) -> bool:
+    return self.markov_rank > 0
+
+  @property
+  def drafts_per_forward(self) -> int:
+    return self.block_size if self.sample_from_anchor else self.block_size - 1
+
   def window(self, layer: int) -> int | None:
     return self.windows[layer] if self.windows else None
+
+  def is_causal(self, layer: int) -> bool:
+    return self.causal[layer] if self.causal else False
 
   def replace(self, **kw) -> "BlockConfig":
     return dataclasses.replace(self, **kw)
@@ -74,10 +103,38 @@ class BlockConfig:
       )
     if not self.target_layer_ids:
       raise ValueError(f"{source}: target_layer_ids is empty")
+    ids = list(self.target_layer_ids)
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+      raise ValueError(f"{source}: target_layer_ids {ids} repeats layer id(s) {dup}")
     if not 0 <= self.mask_token_id < c.vocab_size:
       raise ValueError(f"{source}: mask_token_id {self.mask_token_id} outside [0, {c.vocab_size})")
     if self.windows and len(self.windows) != c.num_layers:
       raise ValueError(f"{source}: {len(self.windows)} layer windows for {c.num_layers} layers")
+    if self.causal and len(self.causal) != c.num_layers:
+      raise ValueError(f"{source}: {len(self.causal)} layer causal flags for {c.num_layers} layers")
+    if self.logit_softcap < 0 or self.logit_scale <= 0 or self.embed_scale <= 0:
+      raise ValueError(
+        f"{source}: final_logit_softcapping must be >= 0 and output_multiplier, "
+        f"input_embedding_scale > 0, got {self.logit_softcap}, {self.logit_scale}, "
+        f"{self.embed_scale}"
+      )
+    if not 0 <= self.draft_vocab_size <= c.vocab_size:
+      raise ValueError(
+        f"{source}: draft_vocab_size {self.draft_vocab_size} outside [1, {c.vocab_size}]"
+      )
+    if self.reduced_vocab and self.selector:
+      raise ValueError(
+        f"{source}: a reduced draft vocabulary (draft_vocab_size {self.draft_vocab_size}) with "
+        "the DFlash2 candidate selector is not supported (speculators refuses it too)"
+      )
+    if self.markov and self.markov_head_type not in MARKOV_HEAD_TYPES:
+      raise ValueError(
+        f"{source}: markov_head_type {self.markov_head_type!r} is not one of "
+        f"{', '.join(MARKOV_HEAD_TYPES)}"
+      )
+    if self.markov and self.selector:
+      raise ValueError(f"{source}: a Markov head with the DFlash2 selector is not supported")
     if any(w is not None and w < 1 for w in self.windows):
       raise ValueError(f"{source}: sliding_window must be >= 1, got {self.windows}")
     if self.conv and c.hidden_size % self.conv_group_size:
@@ -135,7 +192,7 @@ def make_config(
   ).check()
 
 
-def _windows(d: dict[str, Any], n_layers: int, source: str) -> tuple[int | None, ...]:
+def layer_windows(d: dict[str, Any], n_layers: int, source: str) -> tuple[int | None, ...]:
   window = d.get("sliding_window")
   types = d.get("layer_types")
   if types is not None:
@@ -154,15 +211,54 @@ def _windows(d: dict[str, Any], n_layers: int, source: str) -> tuple[int | None,
   return ws if any(w is not None for w in ws) else ()
 
 
+def _zlab_causal(d: dict[str, Any], windows: tuple[int | None, ...], n: int) -> tuple[bool, ...]:
+  """z-lab's rule (dflash `Qwen3DFlashAttention`): `is_causal` if given, for every layer; absent,
+  sliding layers are causal inside the block and full layers bidirectional."""
+  if d.get("is_causal") is not None:
+    causal = (bool(d["is_causal"]),) * n
+  else:
+    causal = tuple(w is not None for w in windows) if windows else (False,) * n
+  return causal if any(causal) else ()
+
+
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+DFLASH_SCALARS = {  # dflash_config key -> (BlockConfig field, default)
+  "input_embedding_scale": ("embed_scale", 1.0),
+  "output_multiplier": ("logit_scale", 1.0),
+  "final_logit_softcapping": ("logit_softcap", 0.0),
+}
+
+
+DFLASH_CONFIG_KEYS = {
+  "block_size",
+  "mask_token_id",
+  "target_layer_ids",
+  "conv_kernel_size",
+  "conv_group_size",
+  "selector_rank",
+  "selector_top_k",
+  *DFLASH_SCALARS,
+}
+
+
 def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> BlockConfig:
+  if "speculators_model_type" in d:
+    raise ValueError(
+      f"{source}: a speculators-format config (speculators_model_type "
+      f"{d['speculators_model_type']!r}); read it with specdec.drafters.speculators"
+    )
   arch = (d.get("architectures") or [ARCH_DFLASH])[0]
   if arch not in (ARCH_DFLASH, ARCH_DFLASH2):
     raise ValueError(f"{source}: architectures {arch!r} is not {ARCH_DFLASH} or {ARCH_DFLASH2}")
   if d.get("hidden_act", "silu") not in ("silu", "swish"):
     raise ValueError(f"{source}: unsupported hidden_act {d['hidden_act']!r} (SwiGLU needs silu)")
-  if d.get("is_causal"):
-    raise ValueError(f"{source}: is_causal=true (causal block attention) is not supported")
   dc = dict(d.get("dflash_config") or {})
+  unknown = sorted(set(dc) - DFLASH_CONFIG_KEYS)
+  if unknown:
+    raise ValueError(
+      f"{source}: dflash_config option(s) {unknown} are not implemented in specdec (a key it "
+      "does not know could change the drafts)"
+    )
   layer_d = {"model_type": "qwen3", "max_position_embeddings": _NO_POSITION_LIMIT, **d}
   layer_d["model_type"] = "qwen3"  # the draft layers are Qwen3 layers whatever the target is
   layers = model_config.from_hf_dict(layer_d, source=source)
@@ -182,17 +278,24 @@ def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> BlockConfig:
   for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
     if v2 and key not in dc:
       raise ValueError(f"{source}: {ARCH_DFLASH2} needs dflash_config.{key}")
+  windows = layer_windows(d, n, source)
+  scalars = {}
+  for key, (field, default) in DFLASH_SCALARS.items():
+    value = dc.get(key, d.get(key))
+    scalars[field] = default if value is None else float(value)
   return BlockConfig(
     layers=layers,
     target_layer_ids=tuple(int(i) for i in ids),
     block_size=int(block_size),
     mask_token_id=int(dc["mask_token_id"]),
-    windows=_windows(d, n, source),
+    windows=windows,
     conv_kernel_size=int(dc.get("conv_kernel_size", 0)),
     conv_group_size=int(dc.get("conv_group_size", 16)),
     selector_top_k=int(dc.get("selector_top_k", 0)),
     selector_rank=int(dc.get("selector_rank", 0)),
     num_target_layers=None if num_target is None else int(num_target),
+    causal=_zlab_causal(d, windows, n),
+    **scalars,
   ).check(source)
 
 
@@ -208,7 +311,21 @@ def to_hf_dict(cfg: BlockConfig) -> dict[str, Any]:
     dc.update(conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size)
   if cfg.selector:
     dc.update(selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k)
-  windows = [cfg.window(i) for i in range(cfg.layers.num_layers)]
+  for key, (field, default) in DFLASH_SCALARS.items():
+    if getattr(cfg, field) != default:
+      dc[key] = getattr(cfg, field)
+  if cfg.reduced_vocab or cfg.markov or cfg.confidence_head or cfg.sample_from_anchor:
+    raise ValueError(
+      "the z-lab DFlash layout has no reduced draft vocabulary, DSpark head or "
+      'sample_from_anchor; save it with format="speculators"'
+    )
+  windows = windows_of(cfg)
+  causal = [cfg.is_causal(i) for i in range(cfg.layers.num_layers)]
+  if len(set(causal)) > 1 and causal != [w is not None for w in windows]:
+    raise ValueError(
+      f"the z-lab DFlash layout holds one is_causal for all layers or the sliding-layer "
+      f"default; layers are causal {causal}"
+    )
   sliding = [w for w in windows if w is not None]
   if len(set(sliding)) > 1:
     raise ValueError(f"config.json holds one sliding_window; layers use {sorted(set(sliding))}")
@@ -219,13 +336,13 @@ def to_hf_dict(cfg: BlockConfig) -> dict[str, Any]:
     layer_types=["full_attention" if w is None else "sliding_attention" for w in windows],
     sliding_window=sliding[0] if sliding else None,
     use_sliding_window=bool(sliding),
-    is_causal=False,
   )
+  if len(set(causal)) == 1:
+    d["is_causal"] = causal[0]
   if cfg.num_target_layers is not None:
     d["num_target_layers"] = cfg.num_target_layers
   return d
 
 
-def load_config(path: str) -> BlockConfig:
-  d, file = model_config.read_config_json(path)
-  return from_hf_dict(d, source=file)
+def windows_of(cfg: BlockConfig) -> list[int | None]:
+  return [cfg.window(i) for i in range(cfg.layers.num_layers)]

@@ -7,6 +7,8 @@ linear weights are stored (out, in) there and (in, out) here:
   layers.{i}.input_layernorm.weight              layers.{i}.post_attention_layernorm.weight
   layers.{i}.self_attn.{q,k,v,o}_proj.weight     layers.{i}.self_attn.{q,k}_norm.weight [H]
   layers.{i}.mlp.{gate,up,down}_proj.weight
+  DSpark (speculators): markov_head.markov_w1.weight [V, r], markov_head.markov_w2.weight [Vd, r],
+  markov_head.{gate_proj,joint_proj}.{weight,bias} (gated / rnn), confidence_head.proj.*
   DFlash2:
   layers.{i}.{attention,mlp}_conv.base_kernel [2, taps, D]   (side: before/after; tap 0 = current)
   layers.{i}.{attention,mlp}_conv.kernel_projection.weight [2 * taps * D / group, D]
@@ -14,7 +16,11 @@ linear weights are stored (out, in) there and (in, out) here:
   candidate_selector.{predecessor,successor}_codebook [V, rank]   (".weight" also accepted)
 
 The embedding and LM head are the target's: `embed_tokens.weight` / `lm_head.weight`, if a file
-carries them, are ignored. Anything else unknown, missing or misshapen is an error naming it.
+carries them, are ignored; except that a reduced draft vocabulary (speculators `draft_vocab_size`
+< vocab) ships its own `lm_head.weight` [Vd, D] with `d2t` [Vd] (draft id -> target id offset)
+and `t2d` bool [V]. The speculators layout (config told apart by `speculators_model_type`, see
+`speculators.py`) has the same tensor names. Anything else unknown, missing or misshapen is an
+error naming it.
 """
 
 import json
@@ -29,12 +35,15 @@ from specdec.checkpoint.safetensors_io import (
   read_tensors,
   write_tensors,
 )
+from specdec.drafters import speculators
 from specdec.drafters.block import Block, block
-from specdec.drafters.block_config import BlockConfig, load_config, to_hf_dict
+from specdec.drafters.block_config import BlockConfig, from_hf_dict, to_hf_dict
 from specdec.drafters.block_model import init_variables
+from specdec.drafters.vocab import draft_ids_from_tensors, vocab_tensors
+from specdec.models import config as model_config
 
-IGNORED = ("embed_tokens.weight", "lm_head.weight")
-UNSUPPORTED = {"d2t": "a reduced draft vocabulary", "t2d": "a reduced draft vocabulary"}
+IGNORED = ("embed_tokens.weight", "lm_head.weight", "verifier_norm.weight")
+FORMATS = ("z-lab", "speculators")
 
 
 def _tensor_names(cfg: BlockConfig) -> dict[str, tuple[str, bool]]:
@@ -70,6 +79,18 @@ def _tensor_names(cfg: BlockConfig) -> dict[str, tuple[str, bool]]:
     )
     for book in ("predecessor", "successor"):
       names[f"candidate_selector.{book}_codebook"] = (f"selector/{book}_codebook", False)
+  if cfg.reduced_vocab:
+    names["lm_head.weight"] = ("lm_head/kernel", True)
+  if cfg.markov:
+    names["markov_head.markov_w1.weight"] = ("markov_head/markov_w1", False)
+    names["markov_head.markov_w2.weight"] = ("markov_head/markov_w2/kernel", True)
+    proj = {"gated": "gate_proj", "rnn": "joint_proj"}.get(cfg.markov_head_type)
+    if proj:
+      names[f"markov_head.{proj}.weight"] = (f"markov_head/{proj}/kernel", True)
+      names[f"markov_head.{proj}.bias"] = (f"markov_head/{proj}/bias", False)
+  if cfg.confidence_head:
+    names["confidence_head.proj.weight"] = ("confidence_head/proj/kernel", True)
+    names["confidence_head.proj.bias"] = ("confidence_head/proj/bias", False)
   return names
 
 
@@ -108,22 +129,39 @@ def _set(tree: dict, path: str, value) -> None:
   tree[leaf] = value
 
 
+def load_config(path: str) -> BlockConfig:
+  """The BlockConfig of a z-lab or speculators DFlash / DFlash2 checkpoint directory."""
+  d, file = model_config.read_config_json(path)
+  if speculators.model_type(d, file) is not None:
+    return speculators.block_config(d, file)
+  return from_hf_dict(d, source=file)
+
+
 def load_block(path: str, target, *, dtype=None, sliding_window: int | None = None) -> Block:
-  """A block drafter for `target` from a DFlash / DFlash2 checkpoint directory.
+  """A block drafter for `target` from a DFlash / DFlash2 checkpoint directory (the z-lab or the
+  speculators layout, told apart by the config's keys).
 
   dtype: of the draft weights (default: the target's). sliding_window overrides the config's.
   """
-  cfg = load_config(path)
   source = os.path.join(path, "config.json")
+  try:
+    cfg = load_config(path)
+  except (ValueError, model_config.ConfigError) as e:
+    raise CheckpointError(str(e)) from e
   _check_against_target(cfg, target.config, source)
   files = checkpoint_files(path)
   names = _tensor_names(cfg)
   shapes = _expected_shapes(cfg, target.config.hidden_size)
   known = {_alias(n, files) for n in names}
+  vocab_names = ("d2t", "t2d") if cfg.reduced_vocab else ()
   for name, file in sorted(files.items()):
-    if name in known or name in IGNORED or name.endswith("rotary_emb.inv_freq"):
+    if name in known or name in vocab_names or name in IGNORED:
       continue
-    why = UNSUPPORTED.get(name, "no block-drafter parameter has that name")
+    if name.endswith("rotary_emb.inv_freq"):
+      continue
+    why = "no block-drafter parameter has that name"
+    if name in ("d2t", "t2d"):
+      why = "a reduced draft vocabulary, but draft_vocab_size is the full vocabulary"
     raise CheckpointError(f"{file}: unexpected tensor {name!r} ({why})")
   params: dict = {}
   for name, (ours, transpose) in names.items():
@@ -143,11 +181,23 @@ def load_block(path: str, target, *, dtype=None, sliding_window: int | None = No
       )
     a = raw.T if transpose else raw
     _set(params, ours, np.asarray(a, dtype or target.dtype))
-  return block(target, {"params": params}, cfg, sliding_window=sliding_window)
+  draft_ids = None
+  if cfg.reduced_vocab:
+    found = {n: read_tensors(files[n], [n])[n] for n in ("d2t", "t2d") if n in files}
+    draft_ids = draft_ids_from_tensors(found, cfg.draft_vocab_size, cfg.layers.vocab_size, path)
+  return block(target, {"params": params}, cfg, sliding_window=sliding_window, draft_ids=draft_ids)
 
 
-def save_block(path: str, cfg: BlockConfig, draft_params, dtype=None) -> None:
-  """Writes `cfg` and `draft_params` ({"params": ...}) in the published layout."""
+def save_block(
+  path: str, cfg: BlockConfig, draft_params, dtype=None, *, format="z-lab", draft_ids=None
+) -> None:
+  """Writes `cfg` and `draft_params` ({"params": ...}) in a published layout.
+
+  format: "z-lab" (DFlashDraftModel / DFlash2DraftModel config) or "speculators" (vLLM's
+  format; a reduced vocabulary writes lm_head, d2t and t2d from `draft_ids`)."""
+  if format not in FORMATS:
+    raise ValueError(f"save_block: format {format!r} is not one of {', '.join(FORMATS)}")
+  config = speculators.block_dict(cfg) if format == "speculators" else to_hf_dict(cfg)
   os.makedirs(path, exist_ok=True)
   flat = dict(
     ("/".join(k.key for k in p), leaf)
@@ -162,6 +212,10 @@ def save_block(path: str, cfg: BlockConfig, draft_params, dtype=None) -> None:
     tensors[name] = np.ascontiguousarray(a.astype(dtype) if dtype is not None else a)
   if flat:
     raise ValueError(f"save_block: params {sorted(flat)} have no tensor name in this layout")
+  if cfg.reduced_vocab:
+    if draft_ids is None:
+      raise ValueError("save_block: a reduced-vocabulary draft needs draft_ids (for d2t / t2d)")
+    tensors.update(vocab_tensors(draft_ids, cfg.layers.vocab_size))
   with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(to_hf_dict(cfg), f, indent=2)
+    json.dump(config, f, indent=2)
   write_tensors(os.path.join(path, "model.safetensors"), tensors)

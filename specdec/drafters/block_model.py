@@ -9,13 +9,16 @@ Context: the target's hidden states after `target_layer_ids`, concatenated [.., 
 (k_norm + RoPE at the context position). The layer's queries come only from block rows. A row at
 absolute position q of a block anchored at a sees:
   context slot s   iff s < a                  (causal to the context: only committed positions)
-  block row at p   iff same block             (bidirectional inside the block)
+  block row at p   iff same block             (bidirectional inside the block; in a causal
+                                              layer only rows p <= q)
   extra key at p   always                     (earlier chained blocks, see `block.py`)
 and, in a layer with a sliding window w, only keys with |q - p| < w (the per-query distance rule
 of the DFlash2 reference; it bounds what the drafter reads, not the cache size).
 
 DFlash2 adds a two-sided dynamic grouped causal conv around each sublayer (`DynamicConv`) and the
-low-rank candidate selector (`Selector`), both documented where defined.
+low-rank candidate selector (`Selector`); DSpark a sequential logit bias from the previous token
+(`MarkovHead`) and an acceptance predictor (`ConfidenceHead`, loaded, not used to draft); each is
+documented where defined.
 """
 
 import functools
@@ -76,6 +79,7 @@ def _attend(q_BRNH, groups):
 class DraftAttention(nn.Module):
   cfg: BlockConfig
   window: int | None
+  causal: bool = False
 
   def setup(self):
     c = self.cfg.layers
@@ -110,9 +114,10 @@ class DraftAttention(nn.Module):
     ctx_vis_BRS = (slots_S[None, None, :] < rows.anchor_BR[:, :, None]) & _in_window(
       rows.pos_BR[:, :, None] - slots_S[None, None, :], w
     )
-    own_vis_BRR = (rows.block_BR[:, :, None] == rows.block_BR[:, None, :]) & _in_window(
-      rows.pos_BR[:, :, None] - rows.pos_BR[:, None, :], w
-    )
+    dist_BRR = rows.pos_BR[:, :, None] - rows.pos_BR[:, None, :]
+    own_vis_BRR = (rows.block_BR[:, :, None] == rows.block_BR[:, None, :]) & _in_window(dist_BRR, w)
+    if self.causal:
+      own_vis_BRR = own_vis_BRR & (dist_BRR >= 0)
     groups = [(ctx_k_BSKH, ctx_v_BSKH, ctx_vis_BRS), (k_BRKH, v_BRKH, own_vis_BRR)]
     if extra_kv is not None:
       ek_BEKH, ev_BEKH, pos_BE = extra_kv
@@ -169,11 +174,12 @@ class DynamicConv(nn.Module):
 class DraftLayer(nn.Module):
   cfg: BlockConfig
   window: int | None
+  causal: bool = False
 
   def setup(self):
     c = self.cfg.layers
     self.attn_norm = RMSNorm(c.rms_norm_eps)
-    self.attn = DraftAttention(self.cfg, self.window)
+    self.attn = DraftAttention(self.cfg, self.window, self.causal)
     self.mlp_norm = RMSNorm(c.rms_norm_eps)
     self.mlp = MLP(c)
     if self.cfg.conv:
@@ -220,6 +226,52 @@ class Selector(nn.Module):
     return jnp.einsum("BPpr,BPr,BPcr->BPpc", a_BPpr, proj_BPr, b_BPcr)
 
 
+class MarkovHead(nn.Module):
+  """DSpark's low-rank sequential bias on the draft logits of block row k, from the token before
+  the one that row drafts: e = w1[prev] (rank r), then
+    vanilla  bias = w2(e)
+    gated    bias = w2(sigmoid(gate_proj([h, e])) * e)
+    rnn      [g, c, o] = joint_proj([state, e, h]); state' = sigmoid(g) state + (1 - sigmoid(g))
+             tanh(c); bias = w2(tanh(o))       (the state runs over every row of the block)
+  h is the row's final-norm hidden; the bias is over the draft vocabulary."""
+
+  vocab: int
+  out: int
+  rank: int
+  kind: str
+
+  def setup(self):
+    self.markov_w1 = self.param("markov_w1", nn.initializers.normal(0.01), (self.vocab, self.rank))
+    self.markov_w2 = Linear(self.out)
+    if self.kind == "gated":
+      self.gate_proj = Linear(self.rank, use_bias=True)
+    if self.kind == "rnn":
+      self.joint_proj = Linear(3 * self.rank, use_bias=True)
+
+  def __call__(self, state_Br, prev_B, h_BD):
+    """One row: (bias [B, out] float32, next state [B, r])."""
+    e_Br = self.markov_w1[prev_B].astype(jnp.float32)
+    h_BD = h_BD.astype(jnp.float32)
+    if self.kind == "gated":
+      e_Br = jax.nn.sigmoid(self.gate_proj(jnp.concatenate([h_BD, e_Br], -1))) * e_Br
+    elif self.kind == "rnn":
+      z_BX = jnp.concatenate([state_Br, e_Br, h_BD], -1)
+      g_Br, c_Br, o_Br = jnp.split(self.joint_proj(z_BX), 3, -1)
+      g_Br = jax.nn.sigmoid(g_Br)
+      state_Br = g_Br * state_Br + (1 - g_Br) * jnp.tanh(c_Br)
+      e_Br = jnp.tanh(o_Br)
+    return self.markov_w2(e_Br).astype(jnp.float32), state_Br
+
+
+class ConfidenceHead(nn.Module):
+  """DSpark's per-row acceptance logit (proj of [h] or [h, w1[prev]]): vLLM schedules draft
+  lengths with it; specdec's fixed-k step does not, so it is carried for round trips only."""
+
+  @nn.compact
+  def __call__(self, x_BPX):
+    return Linear(1, use_bias=True, name="proj")(x_BPX)[..., 0]
+
+
 class BlockDraft(nn.Module):
   cfg: BlockConfig
 
@@ -228,11 +280,20 @@ class BlockDraft(nn.Module):
     self.fc = Linear(c.hidden_size)
     self.hidden_norm = RMSNorm(c.rms_norm_eps)
     self.layers = [
-      DraftLayer(self.cfg, self.cfg.window(i), name=f"layer_{i}") for i in range(c.num_layers)
+      DraftLayer(self.cfg, self.cfg.window(i), self.cfg.is_causal(i), name=f"layer_{i}")
+      for i in range(c.num_layers)
     ]
     self.final_norm = RMSNorm(c.rms_norm_eps)
     if self.cfg.selector:
       self.selector = Selector(c.vocab_size, self.cfg.selector_rank)
+    if self.cfg.reduced_vocab:
+      self.lm_head = Linear(self.cfg.draft_vocab_size)
+    if self.cfg.markov:
+      out = self.cfg.draft_vocab_size or c.vocab_size
+      cfg = self.cfg
+      self.markov_head = MarkovHead(c.vocab_size, out, cfg.markov_rank, cfg.markov_head_type)
+    if self.cfg.confidence_head:
+      self.confidence_head = ConfidenceHead()
 
   def context(self, taps_BTX, pos_BT):
     """Fused taps [B, T, n_taps * D] -> per-layer context (k [B, T, K, H], v) at `pos`."""
@@ -253,6 +314,13 @@ class BlockDraft(nn.Module):
   def select(self, h_BPD, pred_BPp, cand_BPc):
     return self.selector(h_BPD, pred_BPp, cand_BPc)
 
+  def markov_bias(self, state_Br, prev_B, h_BD):
+    return self.markov_head(state_Br, prev_B, h_BD)
+
+  def draft_head(self, h_BPD):
+    """float32 logits over the draft's own vocabulary [.., Vd] (a reduced-vocabulary draft)."""
+    return self.lm_head(h_BPD).astype(jnp.float32)
+
   def init_all(self, taps_BTX, x_BRD, rows: Rows):
     """Touches every parameter (for `init`)."""
     T = taps_BTX.shape[1]
@@ -262,6 +330,14 @@ class BlockDraft(nn.Module):
     if self.cfg.selector:
       tok_BR1 = jnp.zeros(h_BRD.shape[:2] + (1,), jnp.int32)
       self.select(h_BRD, tok_BR1, tok_BR1)
+    if self.cfg.reduced_vocab:
+      self.draft_head(h_BRD)
+    B = h_BRD.shape[0]
+    if self.cfg.markov:
+      state = jnp.zeros((B, self.cfg.markov_rank), jnp.float32)
+      self.markov_bias(state, jnp.zeros((B,), jnp.int32), h_BRD[:, 0])
+    if self.cfg.confidence_head:
+      self.confidence_head(jnp.zeros((B, 1, self.cfg.confidence_head), h_BRD.dtype))
     return h_BRD
 
 
@@ -282,6 +358,10 @@ def init_variables(cfg: BlockConfig, key, dtype=jnp.float32, target_hidden: int 
     mask_token_id=0,
     windows=(),
     num_target_layers=None,
+    causal=(),
+    embed_scale=1.0,
+    logit_scale=1.0,
+    logit_softcap=0.0,
   )
   return _init_variables(shape_only, key, jnp.dtype(dtype), target_hidden or cfg.hidden_size)
 

@@ -7,17 +7,24 @@
 
 Deeper drafts feed `out` back in place of g, without fc (EAGLE's cnets.py, vLLM llama_eagle3.py).
 Taps: EAGLE-3 records the INPUT of target layers (2, L//2, L-3), i.e. HF hidden_states[i];
-our tap j is the output of decoder layer j, so aux id i is tap i - 1. See `heads.py` for pairing,
-caching and rollback.
+our tap j is the output of decoder layer j, so aux id i is tap i - 1. SGLang's `eagle_config`
+ids count layer OUTPUTS instead (it captures the input of layer id + 1), so there id i is tap i.
+See `heads.py` for pairing, caching and rollback.
+
+speculators' options: norm_before_fc (one RMSNorm `input_norm` over the concatenated 3 Dt taps
+before fc), fc_norm (an RMSNorm per tap, `fc_norm.{j}`), norm_output (the head's output is normed
+once by `norm`; that normed state feeds both lm_head and the next depth); a qwen3 layer adds q/k
+norms.
 
 Published layout (safetensors + config.json, `LlamaForCausalLMEagle3`): fc.weight [D, 3 Dt],
 midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}.weight,
 midlayer.self_attn.{q,k,v}_proj.weight [., 2D], midlayer.self_attn.o_proj.weight,
 midlayer.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight [Vd, D], d2t int [Vd]
 (offsets), t2d bool [V], optional embed_tokens.weight [V, D] (else the target's embedding).
-config.json: draft_vocab_size, target_hidden_size, eagle_aux_hidden_state_layer_ids (top level
-or under eagle_config), norm_before_residual. Some exports name the layer layers.0.* instead of
-midlayer.*; both load.
+config.json: draft_vocab_size, target_hidden_size, eagle_aux_hidden_state_layer_ids (top level,
+vLLM's ids, or under eagle_config, SGLang's), norm_before_residual. Some exports name the layer
+layers.0.* instead of midlayer.*; both load. The speculators layout (`speculators_model_type`
+"eagle3", see `speculators.py`) names it layers.0.* and adds input_norm / fc_norm.
 """
 
 import dataclasses
@@ -32,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec.checkpoint.safetensors_io import CheckpointError, checkpoint_files
-from specdec.drafters import heads
+from specdec.drafters import heads, speculators
+from specdec.drafters.vocab import draft_ids_from_tensors, vocab_tensors
 from specdec.models import config as model_config
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import MLP, Attention, KVCache, Linear, RMSNorm
@@ -42,8 +50,13 @@ NUM_TAPS = 3
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
-  """EAGLE-3's low/mid/high features: the inputs of layers 2, L//2 and L-3."""
-  return (2, num_layers // 2, num_layers - 3)
+  """EAGLE-3's low/mid/high features: the inputs of layers 2, L//2 and L-3. On a target too
+  shallow for three distinct ones (L < 8; vLLM and speculators refuse repeats) an id that repeats
+  or falls below 1 moves up to the next free layer, at most L (the last layer's output)."""
+  ids = []
+  for i in sorted((2, num_layers // 2, num_layers - 3)):
+    ids.append(min(max(i, 1, ids[-1] + 1 if ids else 1), num_layers))
+  return tuple(ids)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +66,9 @@ class Eagle3Config:
   aux_layer_ids: tuple[int, ...]  # HF hidden_states indices: the inputs of these target layers
   target_hidden_size: int  # Dt
   norm_before_residual: bool = False
+  norm_before_fc: bool = False  # one RMSNorm over the 3 Dt concatenated taps
+  fc_norm: bool = False  # an RMSNorm per tap
+  norm_output: bool = False  # the normed output feeds lm_head and the next depth
 
   @property
   def taps(self) -> tuple[int, ...]:
@@ -65,12 +81,16 @@ class Eagle3Config:
         f"{source}: eagle_aux_hidden_state_layer_ids has {len(self.aux_layer_ids)} entries; "
         f"EAGLE-3 fuses exactly {NUM_TAPS} (fc.weight reads {NUM_TAPS} x target_hidden_size)"
       )
-    if not all(1 <= i <= target.num_layers for i in self.aux_layer_ids):
-      raise ValueError(
-        f"{source}: eagle_aux_hidden_state_layer_ids {list(self.aux_layer_ids)} must lie in "
-        f"[1, {target.num_layers}] for a {target.num_layers}-layer target (0, the embedding "
-        "output, is not a tap)"
-      )
+    if self.norm_before_fc and self.fc_norm:
+      raise ValueError(f"{source}: norm_before_fc and fc_norm are mutually exclusive")
+    # 0, the embedding output, is not a tap; L is the last layer's output.
+    speculators.check_layer_ids(
+      self.aux_layer_ids,
+      "eagle_aux_hidden_state_layer_ids",
+      source,
+      low=1,
+      high=target.num_layers,
+    )
     if self.target_hidden_size != target.hidden_size:
       raise ValueError(
         f"{source}: target_hidden_size {self.target_hidden_size} does not match the target's "
@@ -92,11 +112,14 @@ def make_config(
   aux_layer_ids: tuple[int, ...] | None = None,
   intermediate_size: int | None = None,
   norm_before_residual: bool = False,
+  qk_norm: bool = False,
+  **options,
 ) -> Eagle3Config:
-  """A new head for `target`: the target's width, heads and RoPE; a llama layer (no q/k norm)."""
+  """A new head for `target`: the target's width, heads and RoPE; a llama layer (qk_norm: a
+  qwen3 one). options: norm_before_fc, fc_norm, norm_output."""
   head = target.replace(
-    model_type="llama",
-    qk_norm=False,
+    model_type="qwen3" if qk_norm else "llama",
+    qk_norm=qk_norm,
     num_layers=1,
     intermediate_size=intermediate_size or target.intermediate_size,
   )
@@ -106,25 +129,57 @@ def make_config(
     aux_layer_ids=tuple(aux_layer_ids or default_aux_layer_ids(target.num_layers)),
     target_hidden_size=target.hidden_size,
     norm_before_residual=norm_before_residual,
+    **options,
   ).check(target)
 
 
+def _legacy_aux_ids(d: dict, source: str) -> tuple[int, ...] | None:
+  """Aux ids in vLLM's convention from a legacy config: top-level ids are vLLM's; SGLang's
+  `eagle_config` ids count layer outputs (SGLang captures the input of layer id + 1)."""
+  top = d.get("eagle_aux_hidden_state_layer_ids")
+  nested = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+  if nested is not None:
+    key = "eagle_config.eagle_aux_hidden_state_layer_ids"
+    speculators.check_layer_ids(nested, key, source, low=0, high=None)
+    nested = tuple(int(i) + 1 for i in nested)
+  if top is not None:
+    top = tuple(int(i) for i in top)
+    if nested is not None and nested != top:
+      raise ValueError(
+        f"{source}: eagle_aux_hidden_state_layer_ids {list(top)} (vLLM: inputs of layers) and "
+        f"eagle_config.eagle_aux_hidden_state_layer_ids (SGLang: outputs of layers, i.e. inputs "
+        f"{list(nested)}) disagree"
+      )
+  return top if top is not None else nested
+
+
 def from_hf_dict(d: dict, target: ModelConfig, source: str = "config.json") -> Eagle3Config:
+  if speculators.model_type(d, source) is not None:
+    fields = speculators.eagle3_fields(d, source)
+    ids = fields.pop("aux_layer_ids") or default_aux_layer_ids(target.num_layers)
+    return Eagle3Config(aux_layer_ids=ids, **fields).check(target, source)
   if int(d.get("num_hidden_layers", 1)) != 1:
     raise ValueError(f"{source}: num_hidden_layers={d['num_hidden_layers']}; EAGLE-3 has one")
+  for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+    if d.get(flag):
+      raise ValueError(f"{source}: {flag}=true outside the speculators format is not supported")
   head = model_config.from_hf_dict({**d, "model_type": "llama"}, source=source)
-  eagle = d.get("eagle_config") or {}
-  ids = d.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
+  ids = _legacy_aux_ids(d, source)
   return Eagle3Config(
     head=head,
     draft_vocab_size=int(d.get("draft_vocab_size") or head.vocab_size),
-    aux_layer_ids=tuple(int(i) for i in ids or default_aux_layer_ids(target.num_layers)),
+    aux_layer_ids=ids or default_aux_layer_ids(target.num_layers),
     target_hidden_size=int(d.get("target_hidden_size") or head.hidden_size),
     norm_before_residual=bool(d.get("norm_before_residual", False)),
   ).check(target, source)
 
 
 def to_hf_dict(cfg: Eagle3Config) -> dict:
+  if cfg.norm_before_fc or cfg.fc_norm or cfg.norm_output or cfg.head.qk_norm:
+    raise ValueError(
+      "the legacy EAGLE-3 layout has no norm_before_fc / fc_norm / norm_output / qwen3 layer; "
+      'save with format="speculators"'
+    )
   d = model_config.to_hf_dict(cfg.head)
   d.update(
     architectures=[ARCH],
@@ -160,24 +215,39 @@ class Eagle3Head(nn.Module):
   config: ModelConfig
   draft_vocab_size: int
   norm_before_residual: bool = False
+  norm_before_fc: bool = False
+  fc_norm: bool = False
+  norm_output: bool = False
 
   def setup(self):
     c = self.config
+    if self.norm_before_fc:
+      self.input_norm = RMSNorm(c.rms_norm_eps)
+    if self.fc_norm:
+      self.tap_norms = [RMSNorm(c.rms_norm_eps, name=f"fc_norm_{j}") for j in range(NUM_TAPS)]
     self.fc = Linear(c.hidden_size)
     self.midlayer = Eagle3Layer(c, self.norm_before_residual)
     self.norm = RMSNorm(c.rms_norm_eps)
     self.lm_head = Linear(self.draft_vocab_size)
 
   def fuse(self, taps_BTX):
+    if self.norm_before_fc:
+      taps_BTX = self.input_norm(taps_BTX)
+    if self.fc_norm:
+      parts = jnp.split(taps_BTX, NUM_TAPS, axis=-1)
+      taps_BTX = jnp.concatenate([n(p) for n, p in zip(self.tap_norms, parts, strict=True)], -1)
     return self.fc(taps_BTX)
 
   def __call__(self, emb_BTD, h_BTD, positions_BT, cache: KVCache):
     x_BTD, k_BSKH, v_BSKH = self.midlayer(emb_BTD, h_BTD, positions_BT, cache.k[0], cache.v[0])
+    if self.norm_output:
+      x_BTD = self.norm(x_BTD)
     return x_BTD, KVCache(k=(k_BSKH,), v=(v_BSKH,))
 
   def logits(self, x_BTD):
-    """float32 logits over the DRAFT vocabulary [..., Vd]."""
-    return self.lm_head(self.norm(x_BTD)).astype(jnp.float32)
+    """float32 logits over the DRAFT vocabulary [..., Vd] (norm_output: x is normed already)."""
+    h_BTD = x_BTD if self.norm_output else self.norm(x_BTD)
+    return self.lm_head(h_BTD).astype(jnp.float32)
 
   def every_module(self, emb_BTD, taps_BTX, positions_BT, cache):
     """Touches every parameter (init)."""
@@ -186,7 +256,14 @@ class Eagle3Head(nn.Module):
 
 
 def _module(cfg: Eagle3Config) -> Eagle3Head:
-  return Eagle3Head(cfg.head, cfg.draft_vocab_size, cfg.norm_before_residual)
+  return Eagle3Head(
+    cfg.head,
+    cfg.draft_vocab_size,
+    cfg.norm_before_residual,
+    cfg.norm_before_fc,
+    cfg.fc_norm,
+    cfg.norm_output,
+  )
 
 
 def _init_args(cfg: Eagle3Config, dtype=jnp.float32):
@@ -296,33 +373,10 @@ def tensor_names(cfg: Eagle3Config, layer_prefix: str = "midlayer.") -> dict:
   out = {}
   for path in shapes:
     name, transpose = heads.hf_style_name(path)
+    if name.startswith("fc_norm_"):  # speculators' ModuleList fc_norm.{j}
+      name = "fc_norm." + name.removeprefix("fc_norm_")
     out[path] = (name.replace("midlayer.", layer_prefix, 1), transpose)
   return out, shapes
-
-
-def _draft_ids(found: dict, cfg: Eagle3Config, path: str) -> np.ndarray:
-  Vd, V = cfg.draft_vocab_size, cfg.head.vocab_size
-  if "d2t" not in found:
-    if Vd != V:
-      raise CheckpointError(f"{path}: missing tensor 'd2t' (draft_vocab_size {Vd} < vocab {V})")
-    return np.arange(V, dtype=np.int32)
-  d2t = found["d2t"]
-  if d2t.shape != (Vd,) or d2t.dtype.kind not in "iu":
-    raise CheckpointError(
-      f"{path}: tensor 'd2t' is {d2t.dtype.name} {d2t.shape}; expected integer ({Vd},)"
-    )
-  ids = np.arange(Vd) + d2t.astype(np.int64)
-  if ids.min() < 0 or ids.max() >= V or len(np.unique(ids)) != Vd:
-    raise CheckpointError(
-      f"{path}: tensor 'd2t' maps draft ids outside [0, {V}) or two onto one target id"
-    )
-  if "t2d" in found:
-    t2d = found["t2d"]
-    mask = np.zeros(V, bool)
-    mask[ids] = True
-    if t2d.shape != (V,) or not np.array_equal(t2d.astype(bool), mask):
-      raise CheckpointError(f"{path}: tensor 't2d' disagrees with 'd2t'")
-  return ids.astype(np.int32)
 
 
 def load_eagle3(path: str, target) -> Eagle3:
@@ -334,7 +388,7 @@ def load_eagle3(path: str, target) -> Eagle3:
     d = json.load(f)
   try:
     cfg = from_hf_dict(d, target.config, source=file)
-  except model_config.ConfigError as e:
+  except (ValueError, model_config.ConfigError) as e:
     raise CheckpointError(str(e)) from e
   files = checkpoint_files(path)
   layer_prefix = "midlayer."
@@ -342,8 +396,9 @@ def load_eagle3(path: str, target) -> Eagle3:
     n.startswith("layers.0.") for n in files
   ):
     layer_prefix = "layers.0."
+
   names, shapes = tensor_names(cfg, layer_prefix)
-  extras = ("d2t", "t2d", "embed_tokens.weight")
+  extras = ("d2t", "t2d", "embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight")
   flat, found = heads.read_head(path, names, shapes, lambda name: True, extras)
   embed = found.get("embed_tokens.weight")
   want = (cfg.head.vocab_size, cfg.head.hidden_size)
@@ -360,20 +415,28 @@ def load_eagle3(path: str, target) -> Eagle3:
     target,
     heads.as_params(flat, target.dtype),
     config=cfg,
-    draft_ids=_draft_ids(found, cfg, path),
+    draft_ids=draft_ids_from_tensors(found, cfg.draft_vocab_size, cfg.head.vocab_size, path),
     embed=None if embed is None else embed.astype(np.float32),
   )
 
 
-def save_eagle3(path: str, drafter: Eagle3, dtype=None) -> None:
-  """Writes the published layout that `load_eagle3` (and EAGLE / vLLM) read."""
-  os.makedirs(path, exist_ok=True)
+FORMATS = ("legacy", "speculators")
+
+
+def save_eagle3(path: str, drafter: Eagle3, dtype=None, *, format: str = "legacy") -> None:
+  """Writes a published layout that `load_eagle3` reads: "legacy" (LlamaForCausalLMEagle3,
+  midlayer.*: EAGLE, SGLang, vLLM) or "speculators" (vLLM's format, layers.0.*)."""
+  if format not in FORMATS:
+    raise ValueError(f"save_eagle3: format {format!r} is not one of {', '.join(FORMATS)}")
   cfg = drafter.spec
-  names, _ = tensor_names(cfg)
-  ids = np.asarray(drafter.weights["draft_ids"], np.int64)
-  t2d = np.zeros(cfg.head.vocab_size, bool)
-  t2d[ids] = True
-  extras = {"d2t": ids - np.arange(len(ids)), "t2d": t2d}
+  if format == "speculators":
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    config, prefix = speculators.eagle3_dict(cfg.head, fields), "layers.0."
+  else:
+    config, prefix = to_hf_dict(cfg), "midlayer."
+  os.makedirs(path, exist_ok=True)
+  names, _ = tensor_names(cfg, prefix)
+  extras = vocab_tensors(drafter.weights["draft_ids"], cfg.head.vocab_size)
   if drafter.own_embed:
     extras["embed_tokens.weight"] = np.asarray(
       jnp.asarray(drafter.weights["embed"], dtype or drafter.dtype)
@@ -381,4 +444,4 @@ def save_eagle3(path: str, drafter: Eagle3, dtype=None) -> None:
   flat = heads.flat_params(drafter.weights["head"])
   heads.write_head(os.path.join(path, "model.safetensors"), flat, names, extras, dtype)
   with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(to_hf_dict(cfg), f, indent=2)
+    json.dump(config, f, indent=2)

@@ -13,6 +13,10 @@ Checkpoint layouts (one MTP layer; the decoder layer uses the target family's te
                mtp.norm; norm weights stored zero-centred (its RMSNorm computes x * (1 + w))
   deepseek_v3  model.layers.{L}.{eh_proj, enorm, hnorm, shared_head.norm, <decoder layer>}, L the
                target's layer count; its embed_tokens / shared_head.head copies are not read
+  speculators  mtp_layers.0.{input_proj, token_layernorm, hidden_layernorm, final_layernorm,
+               <decoder layer>} (vLLM's speculators format, `speculators_model_type` "mtp"): fed
+               the target's last decoder layer output (aux id L, before the final norm), its
+               output normed by final_layernorm feeds lm_head and the next depth
 """
 
 import dataclasses
@@ -28,11 +32,11 @@ import jax.numpy as jnp
 
 from specdec.checkpoint import names as target_names
 from specdec.checkpoint.safetensors_io import CheckpointError, checkpoint_files
-from specdec.drafters import heads
+from specdec.drafters import heads, speculators
 from specdec.models.config import ModelConfig, to_hf_dict
 from specdec.models.transformer import Block, KVCache, Linear, RMSNorm, Transformer
 
-LAYOUTS = ("qwen3_next", "deepseek_v3")
+LAYOUTS = ("qwen3_next", "deepseek_v3", "speculators")
 # Our module names -> the published ones, per layout (the decoder layer goes through the target's
 # name table).
 _RENAMES = {
@@ -43,7 +47,15 @@ _RENAMES = {
     "pre_fc_norm_hidden": "hnorm",
     "norm": "shared_head.norm",
   },
+  "speculators": {
+    "fc": "input_proj",
+    "pre_fc_norm_embedding": "token_layernorm",
+    "pre_fc_norm_hidden": "hidden_layernorm",
+    "norm": "final_layernorm",
+  },
 }
+_PREFIX = {"qwen3_next": "mtp.", "speculators": "mtp_layers.0."}
+_LAYER_PREFIX = {"qwen3_next": "mtp.layers.0.", "speculators": "mtp_layers.0."}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +63,19 @@ class MTPConfig:
   layout: str = "qwen3_next"
   post_norm_hidden: bool = True  # feed the target's final-norm hidden (Qwen3.5) or pre-norm
   mask_first_embedding: bool = False  # DeepSeek zeroes the embedding of the pair at position 0
+  last_layer_feature: bool = False  # fed the last decoder layer's output even if post-norm
 
   @staticmethod
   def deepseek_v3() -> "MTPConfig":
     return MTPConfig(layout="deepseek_v3", post_norm_hidden=False, mask_first_embedding=True)
+
+  @staticmethod
+  def speculators() -> "MTPConfig":
+    return MTPConfig(layout="speculators", last_layer_feature=True)
+
+  @property
+  def feeds_last_layer(self) -> bool:
+    return self.last_layer_feature or not self.post_norm_hidden
 
   def check(self) -> "MTPConfig":
     if self.layout not in LAYOUTS:
@@ -100,7 +121,7 @@ class MTP(heads.ChainedHead):
     """The drafter for a target of this config; weights may be None where params come as
     arguments (training)."""
     return MTP(
-      taps=() if spec.check().post_norm_hidden else (config.num_layers - 1,),
+      taps=(config.num_layers - 1,) if spec.check().feeds_last_layer else (),
       head_config=config,
       dtype=dtype,
       spec=spec,
@@ -129,7 +150,7 @@ class MTP(heads.ChainedHead):
         )
 
   def features(self, params, target):
-    return target.hidden if self.spec.post_norm_hidden else target.taps[-1]
+    return target.taps[-1] if self.spec.feeds_last_layer else target.hidden
 
   def forward(self, params, h_BTD, tokens_BT, positions_BT, cache):
     emb_BTD = self.target_module.apply(params["target"], tokens_BT, method="embed_tokens")
@@ -176,8 +197,8 @@ def mtp(target, params=None, *, config: MTPConfig = MTPConfig(), seed: int = 0) 
 def tensor_names(config: ModelConfig, layout: str) -> dict[str, tuple[str, bool]]:
   """params path -> (published tensor name, transpose) for every tensor of the head."""
   shapes = _shapes(config)
-  prefix = "mtp." if layout == "qwen3_next" else f"model.layers.{config.num_layers}."
-  layer_prefix = "mtp.layers.0." if layout == "qwen3_next" else prefix
+  prefix = _PREFIX.get(layout, f"model.layers.{config.num_layers}.")
+  layer_prefix = _LAYER_PREFIX.get(layout, prefix)
   out = {}
   for path in shapes:
     if path.startswith("layer_0/"):
@@ -198,8 +219,8 @@ def _shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _owned(config: ModelConfig, layout: str):
-  if layout == "qwen3_next":
-    return lambda name: name.startswith("mtp.")
+  if layout in _PREFIX:
+    return lambda name: name.startswith(_PREFIX[layout].split(".")[0] + ".")
   pattern = re.compile(r"model\.layers\.(\d+)\.")
 
   def owned(name):
@@ -209,14 +230,40 @@ def _owned(config: ModelConfig, layout: str):
   return owned
 
 
-def _num_mtp_layers(path: str) -> int | None:
+def _read_config(path: str) -> tuple[dict, str]:
   file = os.path.join(path, "config.json")
   if not os.path.exists(file):
-    return None
+    return {}, file
   with open(file) as f:
-    d = json.load(f)
+    return json.load(f), file
+
+
+def _num_mtp_layers(d: dict) -> int | None:
   n = d.get("num_nextn_predict_layers", d.get("mtp_num_hidden_layers"))
   return None if n is None else int(n)
+
+
+def _check_speculators(d: dict, file: str, target_config: ModelConfig) -> None:
+  """A speculators MTP config against the target: its layer is one of the target's layers."""
+  try:
+    kind = speculators.model_type(d, file)
+    tl = speculators.layer_dict(d, file)
+  except ValueError as e:
+    raise CheckpointError(str(e)) from e
+  if kind != "mtp":
+    raise CheckpointError(f"{file}: speculators_model_type {kind!r} is not an MTP head")
+  mine = target_config.model_type
+  if tl.get("model_type", mine) != mine:
+    raise CheckpointError(
+      f"{file}: transformer_layer_config.model_type {tl['model_type']!r} differs from the "
+      f"target's {mine!r} (the MTP layer is one of the target's decoder layers)"
+    )
+  for key, ours in (("hidden_size", "hidden_size"), ("vocab_size", "vocab_size")):
+    if key in tl and int(tl[key]) != getattr(target_config, ours):
+      raise CheckpointError(
+        f"{file}: transformer_layer_config.{key} {tl[key]} differs from the target's "
+        f"{getattr(target_config, ours)}"
+      )
 
 
 def _norms_stored_zero_centred(layout: str) -> bool:
@@ -226,6 +273,8 @@ def _norms_stored_zero_centred(layout: str) -> bool:
 def detect_layout(path: str, target_config: ModelConfig) -> MTPConfig:
   """The layout's default config from the tensor names in a checkpoint directory."""
   files = checkpoint_files(path)
+  if any(name.startswith("mtp_layers.") for name in files):
+    return MTPConfig.speculators()
   if any(name.startswith("mtp.") for name in files):
     return MTPConfig()
   if f"model.layers.{target_config.num_layers}.eh_proj.weight" in files:
@@ -241,10 +290,13 @@ def load_mtp(path: str, target, config: MTPConfig | None = None) -> MTP:
   config: default by the layout found (Qwen3-Next post-norm, DeepSeek-V3 pre-norm)."""
   c = target.config
   config = (config or detect_layout(path, c)).check()
-  n = _num_mtp_layers(path)
+  d, file = _read_config(path)
+  if config.layout == "speculators":
+    _check_speculators(d, file, c)
+  n = _num_mtp_layers(d)
   if n is not None and n != 1:
     raise CheckpointError(
-      f"{path}/config.json: {n} MTP layers; only checkpoints with one MTP layer are supported"
+      f"{file}: {n} MTP layers; only checkpoints with one MTP layer are supported"
     )
   extras = ()
   if config.layout == "deepseek_v3":  # DeepSeek stores copies of the shared tensors per layer
@@ -268,7 +320,10 @@ def save_mtp(path: str, drafter: MTP, dtype=None) -> None:
     flat = {p: v - 1.0 if p.endswith("/scale") else v for p, v in flat.items()}
   names = tensor_names(drafter.head_config, layout)
   heads.write_head(os.path.join(path, "model.safetensors"), flat, names, dtype=dtype)
-  d = to_hf_dict(drafter.head_config)
-  d.update(num_nextn_predict_layers=1, mtp_num_hidden_layers=1)
+  if layout == "speculators":
+    d = speculators.mtp_dict(drafter.head_config)
+  else:
+    d = to_hf_dict(drafter.head_config)
+    d.update(num_nextn_predict_layers=1, mtp_num_hidden_layers=1)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(d, f, indent=2)

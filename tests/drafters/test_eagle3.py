@@ -33,11 +33,15 @@ from tests.drafters.test_mtp import (
 
 FIXTURE = "tests/fixtures/eagle3/tiny"
 CFG = eagle3_train.Eagle3TrainConfig(
-  draft_vocab_size=48, aux_layer_ids=(1, 2, 2), chain=ChainTraining(depth=3, origins=8)
+  draft_vocab_size=48, aux_layer_ids=(1, 2, 3), chain=ChainTraining(depth=3, origins=8)
 )
 
 
-target = pytest.fixture(toy_target, scope="module")
+@pytest.fixture(scope="module")
+def target():
+  return toy_target(num_layers=3)  # EAGLE-3 fuses three distinct taps
+
+
 baseline = pytest.fixture(baselines, scope="module")
 
 
@@ -77,7 +81,7 @@ def test_fixture_matches_numpy_reference(target):
   taps, fc on target features only, norm placement and d2t, against EAGLE's semantics written
   independently in numpy (make_fixture.py)."""
   d = load_eagle3(FIXTURE, target)
-  assert d.taps == (0, 1, 1) and d.own_embed and d.spec.head.intermediate_size == 80
+  assert d.taps == (0, 1, 2) and d.own_embed and d.spec.head.intermediate_size == 80
   ref = np.load(os.path.join(FIXTURE, "reference.npz"))
   logits, chain_logits = jax.jit(_reference_pass, static_argnums=4)(
     d.weights, ref["taps"], ref["tokens"], ref["chain_token"], d
@@ -169,7 +173,7 @@ def _set(key, value):
 BAD = {
   "wrong tap count": (
     None,
-    lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 2]),
+    lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 1]),
     "has 2 entries",
   ),
   "fc for two taps": (
@@ -184,8 +188,23 @@ BAD = {
   ),
   "tap out of range": (
     None,
-    lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 1, 2]),
-    "must lie in [1, 2]",
+    lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 1, 3]),
+    "has id(s) [4] outside [1, 3]",
+  ),
+  "duplicate tap (SGLang ids)": (
+    None,
+    lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 1, 1]),
+    "eagle_config.eagle_aux_hidden_state_layer_ids [0, 1, 1] repeats layer id(s) [1]",
+  ),
+  "duplicate tap (vLLM ids)": (
+    None,
+    lambda c: (c.pop("eagle_config"), c.update(eagle_aux_hidden_state_layer_ids=[1, 3, 3])),
+    "eagle_aux_hidden_state_layer_ids [1, 3, 3] repeats layer id(s) [3]",
+  ),
+  "vLLM and SGLang ids disagree": (
+    None,
+    lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 1, 2]),
+    "disagree",
   ),
   "missing tensor": (
     lambda t: t.pop("midlayer.self_attn.q_proj.weight"),

@@ -60,8 +60,8 @@ def train(loss_fn, params, steps, lr, seed, frozen=None):
   return params
 
 
-def toy_target() -> Model:
-  c = tiny_config()
+def toy_target(num_layers: int = 2) -> Model:
+  c = tiny_config(num_hidden_layers=num_layers)
   init = jax.jit(lm.init_params, static_argnums=(0, 1))  # one compile, not one per shape
   params = train(lm.make_loss(c, jnp.float32), init(c, 0), steps=150, lr=3e-2, seed=0)
   return Model(c, params, dtype=jnp.float32)
