@@ -38,6 +38,7 @@ def main(argv):
   try:
     procs = Processes()
     if _NUM_PROCESSES.value > 1:
+      driver.check_process_count(_CONFIG.value, _NUM_PROCESSES.value)
       procs = distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     table = driver.run(_CONFIG.value, _OUT.value, compile_workers=_WORKERS.value, processes=procs)
   except (SweepError, ResultsError, CheckpointError) as e:

@@ -14,7 +14,8 @@ PACKAGES = ("specdec", "kernels_pallas", "experiments", "configs")
 
 # Lowest first; a module may import its own layer and the layers below it, never one above.
 LAYERS = (
-  ("specdec.quant", "specdec.metrics", "specdec.data", "specdec.xla_env"),
+  ("specdec.quant", "specdec.metrics", "specdec.data", "specdec.xla_env", "specdec.progress"),
+  ("specdec.sharding",),  # meshes and where params go: jax only
   ("kernels_pallas",),
   ("specdec.ops",),
   ("specdec.models", "specdec.model"),
@@ -137,4 +138,6 @@ def test_every_module_is_in_a_layer(package):
 
 def test_specdec_keeps_only_a_handful_of_loose_modules():
   loose = sorted(p.name for p in (ROOT / "specdec").glob("*.py"))
-  assert loose == ["__init__.py", "metrics.py", "model.py", "xla_env.py"]
+  assert loose == [
+    "__init__.py", "metrics.py", "model.py", "progress.py", "sharding.py", "xla_env.py"
+  ]  # fmt: skip

@@ -49,6 +49,13 @@ def run(
     raise
 
 
+def check_process_count(cfg, count: int) -> None:
+  """SweepError when `count` processes would leave one with nothing to run; call it before the
+  processes join (a refused process 0 would take the coordinator down under the others)."""
+  cells = check_before_loading(sweep.normalize(cfg))
+  owners([(leg, c) for leg in range(cfg.legs) for c in cells], count)
+
+
 def check_before_loading(cfg) -> list:
   """Everything that needs no model: returns the cells."""
   cells = sweep.expand(cfg)
