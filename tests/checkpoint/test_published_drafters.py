@@ -338,3 +338,25 @@ def test_unsupported_options_are_refused_by_name(name, tmp_path):
   )
   with pytest.raises(CheckpointError, match=re.escape(message)):
     loader(path, target_for(case, 3 if "eagle3" in case else 2))
+
+
+@pytest.mark.parametrize("case", ["spec_dspark_gated_reduced", "spec_dflash_causal_reduced"])
+def test_sampled_drafts_are_draws_from_q(case):
+  """Under sampling every draft has q > 0, q sums to 1 and is 0 outside a reduced vocabulary
+  (DSpark: each row's q is the one its own Markov bias gave)."""
+  d = load_block(os.path.join(HERE, case), target_for(case, 2))
+  taps = ref(case, "taps")
+  n, S, P = taps.shape[0], 32, d.cfg.drafts_per_forward
+  D = d.target.config.hidden_size
+  parts = tuple(jnp.asarray(taps)[None, :, i * D : (i + 1) * D] for i in range(len(d.taps)))
+  out = ForwardOut(None, KVCache.zeros(d.target.config, 1, S, d.target.dtype), parts, None)
+  st = d.init(d.params, jnp.zeros((1, n), jnp.int32), jnp.array([n]), out)
+  anchor = int(ref(case, "anchor"))
+  ctx = Context(jnp.zeros((1, S), jnp.int32).at[0, n].set(anchor), jnp.array([n + 1]))
+  propose = jax.jit(lambda params, key: d.propose(params, st, ctx, P, Sampling(0.8), key)[:2])
+  for seed in range(3):
+    draft, q = propose(d.params, jax.random.key(seed))
+    np.testing.assert_allclose(q.sum(-1), 1.0, atol=1e-5)
+    assert bool(jnp.all(jnp.take_along_axis(q, draft[..., None], -1) > 0))
+    outside = np.setdiff1d(np.arange(q.shape[-1]), np.asarray(d.draft_ids))
+    assert float(jnp.abs(q[..., outside]).max()) == 0.0
