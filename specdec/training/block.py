@@ -51,9 +51,12 @@ def drafter(target_model, params, cfg: BlockConfig) -> Block:
   return block(target_model, params, cfg)
 
 
-def export(path: str, target_model, params, cfg: BlockConfig, dtype=None) -> None:
-  """The published DFlash / DFlash2 layout (config.json + model.safetensors)."""
-  save_block(path, cfg, params, dtype or target_model.dtype)
+def export(
+  path: str, target_model, params, cfg: BlockConfig, dtype=None, format: str = "z-lab"
+) -> None:
+  """A published DFlash / DFlash2 layout (config.json + model.safetensors): z-lab's, or
+  "speculators" (vLLM loads it unchanged)."""
+  save_block(path, cfg, params, dtype or target_model.dtype, format=format)
 
 
 def block_rows(anchor_BA, b: int) -> Rows:

@@ -36,8 +36,10 @@ class Method:
 
 def build_method(cfg, target, train_tokens, heldout_tokens=None) -> Method:
   """cfg.method in {block, mtp, eagle3} with cfg.drafter options and cfg.loss keywords (EAGLE-3's
-  `draft_vocab_coverage` sizes its draft vocabulary on `heldout_tokens`)."""
+  `draft_vocab_coverage` sizes its draft vocabulary on `heldout_tokens`); cfg.export_format, if
+  set, is the layout block and EAGLE-3 drafters are written in ("speculators": vLLM's)."""
   opts, loss_kw = dict(cfg.drafter), dict(cfg.loss)
+  fmt = {"format": cfg.export_format} if cfg.get("export_format") else {}
   if cfg.method == "block":
     from specdec.drafters.block_config import make_config
     from specdec.training import block as m
@@ -46,7 +48,7 @@ def build_method(cfg, target, train_tokens, heldout_tokens=None) -> Method:
     return Method(
       lambda key: m.init_params(target, d, key), m.frozen_params(target),
       m.make_loss(target, d, **loss_kw), lambda p: m.drafter(target, p, d),
-      lambda path, p: m.export(path, target, p, d),
+      lambda path, p: m.export(path, target, p, d, **fmt),
     )  # fmt: skip
   if cfg.method == "mtp":
     from specdec.training import mtp as m
@@ -77,7 +79,7 @@ def build_method(cfg, target, train_tokens, heldout_tokens=None) -> Method:
     return Method(
       lambda key: m.init_params(target, d, key), m.frozen_params(target, ids),
       m.make_loss(target, d), lambda p: m.drafter(target, p, d, ids),
-      lambda path, p: m.export(path, target, p, d, ids),
+      lambda path, p: m.export(path, target, p, d, ids, **fmt),
     )  # fmt: skip
   raise ValueError(f"unknown drafter method {cfg.method!r}; choose one of block, mtp, eagle3")
 

@@ -109,6 +109,11 @@ def drafter(target_model, params, cfg: Eagle3TrainConfig, draft_ids) -> eagle3_l
   return eagle3_lib.eagle3(target_model, params, config=spec, draft_ids=draft_ids)
 
 
-def export(path: str, target_model, params, cfg: Eagle3TrainConfig, draft_ids, dtype=None):
-  """Writes the published EAGLE-3 layout that `eagle3.load_eagle3` reads back."""
-  eagle3_lib.save_eagle3(path, drafter(target_model, params, cfg, draft_ids), dtype)
+def export(
+  path: str, target_model, params, cfg: Eagle3TrainConfig, draft_ids, dtype=None,
+  format: str = "legacy",
+):  # fmt: skip
+  """Writes a published EAGLE-3 layout that `eagle3.load_eagle3` reads back: "legacy" (EAGLE,
+  SGLang, vLLM) or "speculators"."""
+  d = drafter(target_model, params, cfg, draft_ids)
+  eagle3_lib.save_eagle3(path, d, dtype, format=format)

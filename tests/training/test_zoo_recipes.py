@@ -51,3 +51,19 @@ def test_each_drafter_recipe_builds_and_its_loss_traces(target12, name):
     assert tuple(opts.target_layer_ids) == tuple(build_target_layer_ids(12, 5)) == (1, 3, 5, 7, 9)
   else:
     assert opts.chain.depth == 7  # EAGLE-3's training-time test, MTP chained to the same depth
+
+
+@pytest.mark.parametrize("name", ["eagle3", "block8"])
+def test_a_trainer_can_export_the_speculators_format(tmp_path, target12, name):
+  import json
+
+  import specdec
+
+  cfg = CONFIGS[name].get_config()
+  cfg.export_format = "speculators"
+  rng = np.random.default_rng(0)
+  method = drafter.build_method(cfg, target12, rng.integers(0, 64, 4000), rng.integers(0, 64, 999))
+  method.export(str(tmp_path), jax.tree.map(np.asarray, method.init(jax.random.key(0))))
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert "speculators_model_type" in config
+  assert specdec.load_drafter(str(tmp_path), target12) is not None
