@@ -55,4 +55,7 @@ def get_config():
   # > 1: the target tensor-parallel over that many local devices (specdec.sharding; bf16 targets,
   # unfused projections, drafters replicated).
   c.tensor_parallel = 1
+  # > 1: cells spread over that many local devices, each holding its own copy of the models (one
+  # thread per device; a cell runs beside its no-draft arm on one device).
+  c.devices = 1
   return c

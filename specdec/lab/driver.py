@@ -11,6 +11,7 @@ import hashlib
 import os
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -87,14 +88,98 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
   prints = {name: fingerprint(resolve_path(spec)) for name, spec in used.items()}
   check_same_config(processes, {**cfg.to_dict(), "checkpoint_fingerprints": prints})
   dtype = sweep.DTYPES[cfg.dtype]
-  mesh = None
+  mesh, devices = None, local_devices(cfg)
   if cfg.get("tensor_parallel", 1) > 1:
     try:
       mesh = sharding.make_mesh(tensor=cfg.tensor_parallel, devices=jax.local_devices())
-      target = specdec.load(resolve_path(cfg.target), dtype=dtype, mesh=mesh)
     except sharding.ShardingError as e:
       raise SweepError(f"config.tensor_parallel={cfg.tensor_parallel}: {e}") from e
     workers = 0  # compiled in the cells: lowering ahead does not take a mesh yet
+  runners = []
+  for device in devices:  # each device holds its own copy of every model
+    with jax.default_device(device):
+      runners.append(sweep.Runner(cfg, *load_models(cfg, dtype, mesh), mesh))
+  runner = runners[0]
+  max_positions = runner.target.config.max_position_embeddings
+  sweep.validate(cfg, cells, max_positions, runner.longest_prompt, runner.check_memory)
+  results.write_config(out, {**cfg.to_dict(), "checkpoint_fingerprints": prints})
+
+  path = out / results.RESULTS_NAME
+  rows = results.load_rows(path) if path.exists() else []
+  done = {sweep.cell_of(r): r for r in rows}
+  todo = [(leg, c) for leg, c in mine if (*dataclasses.astuple(c), leg) not in done]
+  # A device's share: groups of units with their baseline, round-robin, as processes share.
+  share = owners(todo, len(devices), strict=False)
+  parts = [[u for u, o in zip(todo, share, strict=True) if o == i] for i in range(len(devices))]
+  built = hits = 0
+  compile_s = 0.0
+  for device, r, part in zip(devices, runners, parts, strict=True):
+    with jax.default_device(device):
+      (b, h), s = compile_cells(r, list(dict.fromkeys(c for _, c in part)), workers, progress)
+    built, hits, compile_s = built + b, hits + h, compile_s + s
+  bar = tqdm(
+    total=len(mine), initial=len(mine) - len(todo), disable=not progress, file=sys.stderr,
+    unit="cells", bar_format=BAR_FORMAT,
+  )  # fmt: skip
+  measured, lock = [], threading.Lock()
+
+  def run_part(device, r, part):
+    with jax.default_device(device):
+      for leg, cell in part:
+        base = done.get(sweep.baseline_key(cell, leg))  # run earlier in this part
+        t0 = time.perf_counter()
+        row = r.run(cell, leg, base["extra"]["output_sha"] if base else None)
+        results.append_row(path, row)
+        with lock:
+          measured.append(time.perf_counter() - t0)
+          done[sweep.cell_of(row)] = row
+          mean, left = statistics.mean(measured), len(todo) - len(measured)
+          bar.set_description(
+            f"leg {leg} {cell.workload} {cell.method} k={cell.k} ctx={cell.prompt_tokens} "
+            f"T={cell.temperature}"
+          )
+          bar.set_postfix_str(
+            f"{eta(left, mean / len(devices))} at {mean:.2f} s/cell measured on "
+            f"{len(devices)} device(s) (compiled ahead in {clock(compile_s)})"
+          )
+          bar.update()
+
+  if len(devices) == 1:
+    run_part(devices[0], runner, parts[0])
+  else:
+    with ThreadPoolExecutor(max_workers=len(devices)) as pool:
+      for f in [pool.submit(run_part, *a) for a in zip(devices, runners, parts, strict=True)]:
+        f.result()
+  bar.close()
+  in_cells = sum(done[(*dataclasses.astuple(c), leg)]["compile_s"] or 0 for leg, c in todo)
+  print(
+    f"sweep: {len(todo)} (cell, leg)s; compiled ahead {built} executables ({hits} loaded from "
+    f"the persistent cache) in {compile_s:.1f} s on {max(workers, 1)} threads; measured in "
+    f"{sum(measured):.1f} s, of which "
+    f"{in_cells:.1f} s were compiles inside cells",
+    file=sys.stderr,
+  )
+  return table(out)
+
+
+def local_devices(cfg) -> list:
+  """The local devices config.devices asks for (1: the default device)."""
+  n = cfg.get("devices", 1)
+  have = jax.local_devices()
+  if not isinstance(n, int) or not 1 <= n <= len(have):
+    raise SweepError(f"config.devices={n!r}: must be an int in [1, {len(have)}] on this host")
+  if n > 1 and cfg.get("tensor_parallel", 1) > 1:
+    raise SweepError("config.devices and config.tensor_parallel > 1 together: choose one")
+  return have[:n] if n > 1 else [jax.local_devices()[0]]
+
+
+def load_models(cfg, dtype, mesh=None) -> tuple:
+  """(target, {method: drafter}) as the config asks, on the default device (or the mesh)."""
+  if mesh is not None:
+    try:
+      target = specdec.load(resolve_path(cfg.target), dtype=dtype, mesh=mesh)
+    except sharding.ShardingError as e:
+      raise SweepError(f"config.tensor_parallel={cfg.tensor_parallel}: {e}") from e
   else:
     target = specdec.load(
       resolve_path(cfg.target), dtype=dtype, fuse_projections=cfg.fuse_projections
@@ -106,49 +191,7 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
     for m in cfg.methods
     if m not in ("null", "ngram")
   }
-  runner = sweep.Runner(cfg, target, drafters, mesh)
-  max_positions = target.config.max_position_embeddings
-  sweep.validate(cfg, cells, max_positions, runner.longest_prompt, runner.check_memory)
-  results.write_config(out, {**cfg.to_dict(), "checkpoint_fingerprints": prints})
-
-  path = out / results.RESULTS_NAME
-  rows = results.load_rows(path) if path.exists() else []
-  done = {sweep.cell_of(r): r for r in rows}
-  todo = [(leg, c) for leg, c in mine if (*dataclasses.astuple(c), leg) not in done]
-  cells_todo = list(dict.fromkeys(c for _, c in todo))
-  (built, hits), compile_s = compile_cells(runner, cells_todo, workers, progress)
-  bar = tqdm(
-    total=len(mine), initial=len(mine) - len(todo), disable=not progress, file=sys.stderr,
-    unit="cells", bar_format=BAR_FORMAT,
-  )  # fmt: skip
-  measured = []
-  for leg, cell in todo:
-    bar.set_description(
-      f"leg {leg} {cell.workload} {cell.method} k={cell.k} ctx={cell.prompt_tokens} "
-      f"T={cell.temperature}"
-    )
-    base = done.get(sweep.baseline_key(cell, leg))
-    t0 = time.perf_counter()
-    row = runner.run(cell, leg, base["extra"]["output_sha"] if base else None)
-    measured.append(time.perf_counter() - t0)
-    results.append_row(path, row)
-    done[sweep.cell_of(row)] = row
-    mean = statistics.mean(measured)
-    left = len(todo) - len(measured)
-    bar.set_postfix_str(
-      f"{eta(left, mean)} at {mean:.2f} s/cell measured (compiled ahead in {clock(compile_s)})"
-    )
-    bar.update()
-  bar.close()
-  in_cells = sum(done[(*dataclasses.astuple(c), leg)]["compile_s"] or 0 for leg, c in todo)
-  print(
-    f"sweep: {len(todo)} (cell, leg)s; compiled ahead {built} executables ({hits} loaded from "
-    f"the persistent cache) in {compile_s:.1f} s on {max(workers, 1)} threads; measured in "
-    f"{sum(measured):.1f} s, of which "
-    f"{in_cells:.1f} s were compiles inside cells",
-    file=sys.stderr,
-  )
-  return table(out)
+  return target, drafters
 
 
 def table(out_dir) -> str:

@@ -29,13 +29,13 @@ class Processes:
   agree: Callable[[str, str], list[str]] | None = None
 
 
-def owners(units: list, count: int) -> list[int]:
-  """The process that runs each (leg, cell) unit; SweepError when there are fewer groups of units
-  than processes (some process would have nothing to run)."""
+def owners(units: list, count: int, strict: bool = True) -> list[int]:
+  """The process (or device) that runs each (leg, cell) unit; with `strict`, SweepError when there
+  are fewer groups of units than processes (some process would have nothing to run)."""
   groups: dict = {}
   for leg, cell in units:
     groups.setdefault(baseline_key(cell, leg), len(groups))
-  if count > len(groups):
+  if strict and count > len(groups):
     raise SweepError(
       f"--num_processes={count}: more processes than the sweep's {len(groups)} groups of cells "
       "(a cell runs with its no-draft arm); use at most that many"

@@ -1,5 +1,6 @@
-"""A sweep with config.tensor_parallel = 2 on the fake mesh writes the outputs a single-device sweep
-writes (same gate, same tokens)."""
+"""On the fake 4-device platform, a sweep with config.tensor_parallel = 2, or with its cells spread
+over 2 or 3 local devices (config.devices), writes the outputs a single-device sweep writes (same
+gate, same tokens)."""
 
 import pytest
 
@@ -11,7 +12,11 @@ from tests.lab.test_sweep import small_config
 def _outputs(out):
   rows = results.load_rows(out / results.RESULTS_NAME)
   return {
-    (r["method"], r["k"], r["leg"]): (r["extra"]["output_sha"], r["gate_passed"]) for r in rows
+    (r["method"], r["k"], r["prompt_tokens"], r["leg"]): (
+      r["extra"]["output_sha"],
+      r["gate_passed"],
+    )
+    for r in rows
   }
 
 
@@ -22,6 +27,17 @@ def test_tensor_parallel_sweep_matches_the_single_device_sweep(tmp_path):
   assert one == tp2 and len(one) == 6 and all(ok for _, ok in one.values())
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_cells_spread_over_local_devices_match_the_single_device_sweep(tmp_path, n):
+  cfg = dict(prompt_tokens=(0, 64))  # 4 groups of cells (context x leg)
+  driver.run(small_config(**cfg), str(tmp_path / "one"), progress=False)
+  driver.run(small_config(devices=n, **cfg), str(tmp_path / "many"), progress=False)
+  one, many = _outputs(tmp_path / "one"), _outputs(tmp_path / "many")
+  assert one == many and len(one) == 12
+  rows = results.load_rows(tmp_path / "many" / results.RESULTS_NAME)
+  assert len({(r["method"], r["k"], r["prompt_tokens"], r["leg"]) for r in rows}) == len(rows)
+
+
 def test_a_mesh_the_target_cannot_split_over_is_one_clear_error(tmp_path):
   with pytest.raises(SweepError, match="config.tensor_parallel=3: tensor=3 does not divide"):
     driver.run(small_config(tensor_parallel=3), str(tmp_path / "tp3"), progress=False)
@@ -29,3 +45,5 @@ def test_a_mesh_the_target_cannot_split_over_is_one_clear_error(tmp_path):
     driver.run(
       small_config(tensor_parallel=2, target_formats=("bf16", "fp8")), str(tmp_path / "q"), False
     )
+  with pytest.raises(SweepError, match=r"config.devices=5: must be an int in \[1, 4\]"):
+    driver.run(small_config(devices=5), str(tmp_path / "d5"), progress=False)
