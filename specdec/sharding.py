@@ -5,9 +5,13 @@ Column-parallel projections (q, k, v, gate, up, the LM head) split their output 
 "tensor", row-parallel ones (o, down) their input features, so each device holds whole heads and
 whole MLP columns; norms and the embedding are replicated. The step is the same jitted function:
 XLA's SPMD partitioner inserts the reductions the sharded weights need, and the KV cache follows
-the k/v projections (sharded by kv heads). Drafters stay replicated. Quantized weights are not
-split yet (a clear error), nor are fused projections (a tensor mesh loads the separate ones).
+the k/v projections (sharded by kv heads). Drafters stay replicated. NVFP4 and FP8 weights split
+by the same rule, row-parallel ones only where each shard holds whole 16-wide NVFP4 groups; EXL3
+(16 x 16 trellis tiles) and fused projections are refused by name (a tensor mesh loads the
+separate ones).
 """
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -71,6 +75,37 @@ def spec_of(path: tuple[str, ...], leaf) -> P:
   return P()
 
 
+def _quantized_specs(names, w, tensor: int):
+  """Per-field specs of an NVFP4 / FP8 weight (arrays [N, ...] by output feature n)."""
+  from specdec.quant import fp8, nvfp4
+
+  where = "/".join(names)
+  K, N = w.shape
+  axes = LOGICAL.get(names[-2]) if len(names) >= 2 else None
+  rows = axes is not None and axes[0] is not None  # row-parallel: split the input features K
+  cols = axes is not None and axes[1] is not None
+  if isinstance(w, nvfp4.NVFP4Weight):
+    if rows and (K // tensor) % nvfp4.GROUP:
+      raise ShardingError(
+        f"{where}: K={K} over tensor={tensor} gives {K // tensor}-wide shards, which split NVFP4's "
+        f"{nvfp4.GROUP}-wide scale groups"
+      )
+    by_n, by_k = P("tensor", None), P(None, "tensor")
+    if cols:
+      return dict(packed_NP=by_n, scales_NG=by_n, global_scale_N=P("tensor"))
+    if rows:
+      return dict(packed_NP=by_k, scales_NG=by_k, global_scale_N=P())
+    return dict(packed_NP=P(), scales_NG=P(), global_scale_N=P())
+  if isinstance(w, fp8.FP8Weight):
+    if cols:
+      return dict(codes_NK=P("tensor", None), scale_N=P("tensor"))
+    return dict(codes_NK=P(None, "tensor") if rows else P(), scale_N=P())
+  raise ShardingError(
+    f"{where}: {type(w).__name__} weights cannot be split over tensor={tensor} yet; load the bf16 "
+    "model or an NVFP4 / FP8 one"
+  )
+
+
 def shard_params(params, mesh: jax.sharding.Mesh, config):
   """params placed on `mesh` by `spec_of` (a copy; the input is left as it was)."""
   tensor = mesh.shape["tensor"]
@@ -79,12 +114,13 @@ def shard_params(params, mesh: jax.sharding.Mesh, config):
   def place(path, leaf):
     names = tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
     if not isinstance(leaf, jax.Array | np.ndarray):
-      if tensor > 1:
-        raise ShardingError(
-          f"{'/'.join(names)}: {type(leaf).__name__} weights cannot be split over tensor={tensor}"
-          " yet; load the bf16 model"
-        )
-      return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P())), leaf)
+      if tensor == 1:
+        return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P())), leaf)
+      specs = _quantized_specs(names, leaf, tensor)
+      put = {
+        f: jax.device_put(getattr(leaf, f), NamedSharding(mesh, sp)) for f, sp in specs.items()
+      }
+      return dataclasses.replace(leaf, **put)
     if any(n in ("qkv_proj", "gate_up_proj") for n in names) and tensor > 1:
       raise ShardingError(f"{'/'.join(names)}: fused projections cannot be split; load unfused")
     return jax.device_put(leaf, NamedSharding(mesh, spec_of(names, leaf)))
@@ -118,8 +154,6 @@ def tensor_size(tree) -> int:
 
 def on_mesh(model, mesh: jax.sharding.Mesh):
   """`model` with its params on `mesh` (itself when they already are)."""
-  import dataclasses
-
   leaf = jax.tree.leaves(model.params)[0]
   if isinstance(getattr(leaf, "sharding", None), NamedSharding) and leaf.sharding.mesh == mesh:
     return model

@@ -15,7 +15,7 @@ PACKAGES = ("specdec", "kernels_pallas", "experiments", "configs")
 # Lowest first; a module may import its own layer and the layers below it, never one above.
 LAYERS = (
   ("specdec.quant", "specdec.metrics", "specdec.data", "specdec.xla_env", "specdec.progress"),
-  ("specdec.sharding",),  # meshes and where params go: jax only
+  ("specdec.sharding",),  # meshes and where params go: jax and the quantized weight types
   ("kernels_pallas",),
   ("specdec.ops",),
   ("specdec.models", "specdec.model"),

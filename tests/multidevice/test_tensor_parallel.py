@@ -95,3 +95,23 @@ def test_the_memory_plan_counts_bytes_per_device(model):
   with pytest.raises(memory.MemoryPlanError):
     memory.check_fits(model, *args, memory=budget)
   assert memory.check_fits(sharded, *args, memory=budget) >= 4096
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_quantized_weights_split_without_cutting_a_group(model, fmt):
+  from specdec.quant.apply import quantize_model
+
+  q = quantize_model(model, fmt)
+  sharded = sharding.on_mesh(q, sharding.make_mesh(tensor=2))
+  attn = sharded.params["params"]["layer_0"]["attn"]
+  first = attn["q_proj"]["kernel"]
+  codes = first.packed_NP if fmt == "nvfp4" else first.codes_NK
+  assert tuple(codes.sharding.spec) == ("tensor", None)  # column-parallel: by output features
+  tokens = np.array([p[:7] for p in PROMPTS], np.int32)
+  np.testing.assert_allclose(sharded.logits(tokens), q.logits(tokens), atol=TOL, rtol=TOL)
+  kw = dict(max_new_tokens=10, drafter=ngram(), k=3)
+  want = specdec.generate(q, PROMPTS, **kw).tokens
+  assert specdec.generate(sharded, PROMPTS, **kw).tokens == want
+  if fmt == "nvfp4":  # down_proj's K = 96 over 4 devices: 24-wide shards cut 16-wide groups
+    with pytest.raises(sharding.ShardingError, match="down_proj/kernel: K=96 over tensor=4 gives 24-wide"):
+      sharding.on_mesh(q, sharding.make_mesh(tensor=4))
