@@ -7,6 +7,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from kernels_pallas import decode_attention
 from specdec.ops.kv_cache import from_cache
@@ -28,12 +29,32 @@ def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0):
   SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
   da = _attention_kernels()
   if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # the caches as stored
-    return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
+    return by_heads(da.decode_attention)(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
   k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
   v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
   if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # FP8 codes over SMEM, widened
-    return da.decode_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+    return by_heads(da.decode_attention)(q_BTNH, k_BSKH, v_BSKH, positions_BT)
   return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+
+
+def by_heads(kernel):
+  """`kernel(q, k, v, positions, *scales)` run per device over its own heads when the context mesh
+  (`jax.set_mesh`) has a "tensor" axis > 1: a Pallas call is opaque to XLA's partitioner, and
+  attention needs no reduction across heads (query head n reads kv head n // G, and a contiguous
+  split of N heads over the axis gives each device whole groups). Otherwise the kernel as is."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.shape.get("tensor", 1) == 1:
+    return kernel
+  heads = P(None, None, "tensor", None)
+
+  def sharded(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales):
+    fn = jax.shard_map(
+      kernel, mesh=mesh, in_specs=(heads, heads, heads, P(), *(P(),) * len(scales)),
+      out_specs=heads, check_vma=False,
+    )  # fmt: skip
+    return fn(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales)
+
+  return sharded
 
 
 def _attention_kernels():

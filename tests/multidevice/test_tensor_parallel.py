@@ -116,3 +116,24 @@ def test_quantized_weights_split_without_cutting_a_group(model, fmt):
     cut = "down_proj/kernel: K=96 over tensor=4 gives 24"
     with pytest.raises(sharding.ShardingError, match=cut):
       sharding.on_mesh(q, sharding.make_mesh(tensor=4))
+
+
+def test_the_attention_kernel_runs_per_device_over_its_own_heads():
+  # The kernel's own math in jnp (`reference_partials`) stands in for the Pallas call on the CPU.
+  import functools
+
+  from kernels_pallas import decode_attention as da
+  from specdec.ops.attention import attend_xla, by_heads
+
+  B, T, N, K, H, S = 2, 3, 8, 4, 64, 128
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (B, T, N, H), jnp.float32)
+  k, v = (jax.random.normal(x, (B, S, K, H), jnp.float32) for x in keys[1:])
+  pos = jnp.array([[20, 21, 22], [40, 41, 42]], jnp.int32)
+  kernel = functools.partial(da.decode_attention, partials=da.reference_partials)
+  mesh = sharding.make_mesh(tensor=2)
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda *a: by_heads(kernel)(*a))(q, k, v, pos)
+    assert by_heads(kernel) is not kernel
+  assert by_heads(kernel) is kernel  # no mesh: the kernel as is
+  np.testing.assert_allclose(got, attend_xla(q, k, v, pos), atol=2e-5, rtol=2e-5)
