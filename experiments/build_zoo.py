@@ -10,16 +10,7 @@ the first unfinished model; --retrain starts from scratch. Time on one H200: doc
 
 from absl import app, flags, logging
 
-from configs import (
-  selfdistill,
-  train_block8,
-  train_block16,
-  train_dflash2,
-  train_draft_lm,
-  train_eagle3,
-  train_mtp,
-  train_target,
-)
+from configs.zoo import CONFIGS
 from specdec import xla_env
 from specdec.training import zoo
 
@@ -27,17 +18,6 @@ _CORPUS = flags.DEFINE_string("corpus_dir", None, "build_corpus output", require
 _OUT = flags.DEFINE_string("out", "specdec/zoo", "zoo directory")
 _CKPT = flags.DEFINE_string("ckpt_dir", "/tmp/zoo_ckpt", "checkpoints (a re-run resumes)")
 _RETRAIN = flags.DEFINE_bool("retrain", False, "retrain models that --out already holds finished")
-
-CONFIGS = {
-  "target": train_target,
-  "draft_lm": train_draft_lm,
-  "mtp": train_mtp,
-  "eagle3": train_eagle3,
-  "block8": train_block8,
-  "block16": train_block16,
-  "dflash2": train_dflash2,
-  "selfdistill": selfdistill,
-}
 
 
 def main(argv):

@@ -1,4 +1,4 @@
-"""The zoo build's recipes (configs/*.py, experiments/build_zoo.py) as the zoo issue states them:
+"""The zoo build's recipes (configs/zoo.py) as the zoo issue states them:
 each drafter's method builds against a 12-layer target and its loss traces; the sizes hold."""
 
 import jax
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from configs import train_draft_lm, train_target
-from experiments.build_zoo import CONFIGS
+from configs.zoo import CONFIGS
 from specdec.drafters.block_config import build_target_layer_ids
 from specdec.training import drafter, lm
 from specdec.training.zoo import MODELS
