@@ -45,6 +45,11 @@ class KVCache:
   def slots(self) -> int:
     return self.k[0].shape[1]
 
+  def settle(self, n_B) -> "KVCache":
+    """The cache a step commits: this one as it is (stale slots past `lengths` are masked)."""
+    del n_B
+    return self
+
 
 class ForwardOut(NamedTuple):
   logits: jax.Array  # [B, T or P, V] float32
@@ -179,13 +184,16 @@ class Transformer(nn.Module):
     taps: tuple[int, ...] = (),
     logits_at_BP=None,
     inputs_BTD=None,
+    n_commit_B=None,
   ) -> ForwardOut:
     """One forward over T new tokens at `positions`, writing their K/V into `cache`.
 
     taps: layer indices whose outputs are returned (tap i = output of decoder layer i).
     logits_at_BP: optional indices into T; only those positions go through the LM head.
     inputs_BTD: embeddings to use instead of embedding `tokens_BT`.
+    n_commit_B: unused; a KV cache needs no commit count (the hybrid stack's state does).
     """
+    del n_commit_B
     x_BTD = self.embed_tokens(tokens_BT) if inputs_BTD is None else inputs_BTD.astype(self.dtype)
     ks, vs, tapped = [], [], {}
     for i, block in enumerate(self.blocks):
