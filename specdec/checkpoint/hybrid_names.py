@@ -15,13 +15,15 @@ from specdec.checkpoint.safetensors_io import CheckpointError
 from specdec.models.config import HybridConfig
 
 _L = r"model\.layers\.(\d+)\."
+_LIN = "layer_{0}/linear_attn/"
+_SHARED = "layer_{0}/mlp/shared_expert/{1}_proj/kernel"
 HYBRID_TABLE: tuple[tuple[str, str, bool], ...] = (
-  (_L + r"linear_attn\.(in_proj_qkvz|in_proj_ba|out_proj)\.weight", "layer_{0}/linear_attn/{1}/kernel", True),
-  (_L + r"linear_attn\.conv1d\.weight", "layer_{0}/linear_attn/conv1d", False),
-  (_L + r"linear_attn\.(A_log|dt_bias)", "layer_{0}/linear_attn/{1}", False),
-  (_L + r"linear_attn\.norm\.weight", "layer_{0}/linear_attn/norm", False),
+  (_L + r"linear_attn\.(in_proj_qkvz|in_proj_ba|out_proj)\.weight", _LIN + "{1}/kernel", True),
+  (_L + r"linear_attn\.conv1d\.weight", _LIN + "conv1d", False),
+  (_L + r"linear_attn\.(A_log|dt_bias)", _LIN + "{1}", False),
+  (_L + r"linear_attn\.norm\.weight", _LIN + "norm", False),
   (_L + r"mlp\.gate\.weight", "layer_{0}/mlp/router/kernel", True),
-  (_L + r"mlp\.shared_expert\.(gate|up|down)_proj\.weight", "layer_{0}/mlp/shared_expert/{1}_proj/kernel", True),
+  (_L + r"mlp\.shared_expert\.(gate|up|down)_proj\.weight", _SHARED, True),
   (_L + r"mlp\.shared_expert_gate\.weight", "layer_{0}/mlp/shared_expert_gate/kernel", True),
 )  # fmt: skip
 _COMPILED = tuple((re.compile(p + r"\Z"), t, tr) for p, t, tr in HYBRID_TABLE)

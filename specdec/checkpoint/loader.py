@@ -25,8 +25,7 @@ from specdec.checkpoint.safetensors_io import (
   read_tensors,
   write_tensors,
 )
-from specdec.models import fuse
-from specdec.models import stack
+from specdec.models import fuse, stack
 from specdec.models.config import ConfigError, HybridConfig, ModelConfig, load_config, to_hf_dict
 from specdec.ops.kv_cache import FP8, KV_SCALES
 from specdec.quant import layouts, nvfp4

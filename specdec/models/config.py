@@ -94,7 +94,9 @@ def _hybrid_fields(d: dict[str, Any], source: str, num_layers: int, head_dim: in
   model_type = d["model_type"]
   if model_type == "qwen3_next":
     interval = int(d.get("full_attention_interval", 4))
-    default = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)]
+    default = [
+      "linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)
+    ]
   else:
     default = ["full_attention"] * num_layers
   layer_types = tuple(d.get("layer_types") or default)
@@ -133,10 +135,14 @@ def _hybrid_fields(d: dict[str, Any], source: str, num_layers: int, head_dim: in
       linear_value_head_dim=v_dim,
       linear_conv_kernel=conv,
     )
-  n_experts = int(d.get("num_experts") or 0)
+  n_experts = int(
+    d.get("num_experts") or d.get("num_local_experts") or 0
+  )  # transformers 5 writes the latter
   step = int(d.get("decoder_sparse_step") or 1)
   dense_only = set(d.get("mlp_only_layers") or ())
-  moe = tuple(n_experts > 0 and i not in dense_only and (i + 1) % step == 0 for i in range(num_layers))
+  moe = tuple(
+    n_experts > 0 and i not in dense_only and (i + 1) % step == 0 for i in range(num_layers)
+  )
   if any(moe):
     top = int(d.get("num_experts_per_tok") or 0)
     if not 1 <= top <= n_experts:

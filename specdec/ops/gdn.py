@@ -56,7 +56,9 @@ def recurrent(q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY, s_BYHU):
     o_BYU = jnp.einsum("BYHU,BYH->BYU", s_BYHU, q_BYH, precision=HI)
     return s_BYHU, (o_BYU, s_BYHU)
 
-  seq = tuple(jnp.moveaxis(a.astype(jnp.float32), 1, 0) for a in (q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY))
+  seq = tuple(
+    jnp.moveaxis(a.astype(jnp.float32), 1, 0) for a in (q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY)
+  )
   _, (o_TBYU, s_TBYHU) = jax.lax.scan(one, s_BYHU.astype(jnp.float32), seq)
   return jnp.moveaxis(o_TBYU, 0, 1), jnp.moveaxis(s_TBYHU, 0, 1)
 
