@@ -117,9 +117,9 @@ def check_lowers_to_mosaic_gpu(matmul, w, m, k):
   assert "mosaic_gpu" in text
 
 
-def tiny_hybrid_config(**kw):
-  """A small Qwen3-Next config: Gated DeltaNet then gated attention, routed experts with a
-  shared expert on the second layer of each pair; `kw` overrides the HF keys."""
+def hybrid_hf_dict(**kw) -> dict:
+  """A small Qwen3-Next config.json: Gated DeltaNet then gated attention, routed experts with a
+  shared expert on the second layer of each pair; `kw` overrides the keys (None drops one)."""
   d = dict(
     model_type="qwen3_next",
     vocab_size=64,
@@ -142,7 +142,11 @@ def tiny_hybrid_config(**kw):
     decoder_sparse_step=2,
   )
   d.update(kw)
-  return from_hf_dict(d)
+  return {key: v for key, v in d.items() if v is not None}
+
+
+def tiny_hybrid_config(**kw):
+  return from_hf_dict(hybrid_hf_dict(**kw))
 
 
 def tiny_hybrid_model(seed=0, scale=3.0, **kw) -> Model:

@@ -121,9 +121,6 @@ class HybridTransformer(Transformer):
         ks.append(k)
         vs.append(v)
       tapped[i] = x_BTD
-    h_BTD = self.final_norm(x_BTD)
-    h_sel = h_BTD
-    if logits_at_BP is not None:
-      h_sel = jnp.take_along_axis(h_BTD, logits_at_BP[:, :, None], axis=1)
+    logits, h_BTD = self.read_out(x_BTD, logits_at_BP)
     new = HybridCache(KVCache(tuple(ks), tuple(vs)), tuple(convs), tuple(recs), n_commit_B is None)
-    return ForwardOut(self.head(h_sel), new, tuple(tapped[i] for i in taps), h_BTD)
+    return ForwardOut(logits, new, tuple(tapped[i] for i in taps), h_BTD)

@@ -201,13 +201,18 @@ class Transformer(nn.Module):
       ks.append(k)
       vs.append(v)
       tapped[i] = x_BTD
-    h_BTD = self.final_norm(x_BTD)
-    h_sel = h_BTD
-    if logits_at_BP is not None:
-      h_sel = jnp.take_along_axis(h_BTD, logits_at_BP[:, :, None], axis=1)
+    logits, h_BTD = self.read_out(x_BTD, logits_at_BP)
     return ForwardOut(
-      logits=self.head(h_sel),
+      logits=logits,
       cache=KVCache(k=tuple(ks), v=tuple(vs)),
       taps=tuple(tapped[i] for i in taps),
       hidden=h_BTD,
     )
+
+  def read_out(self, x_BTD, logits_at_BP):
+    """(logits at logits_at_BP, every position where None; the final-norm hidden [B, T, D])."""
+    h_BTD = self.final_norm(x_BTD)
+    h_sel = h_BTD
+    if logits_at_BP is not None:
+      h_sel = jnp.take_along_axis(h_BTD, logits_at_BP[:, :, None], axis=1)
+    return self.head(h_sel), h_BTD

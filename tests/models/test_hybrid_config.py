@@ -3,27 +3,13 @@
 import pytest
 
 from specdec.models.config import ConfigError, HybridConfig, from_hf_dict
-from tests.helpers import tiny_hybrid_config
+from tests.helpers import hybrid_hf_dict, tiny_hybrid_config
 
-BASE = dict(
-  model_type="qwen3_next",
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=48,
-  num_hidden_layers=4,
-  num_attention_heads=4,
-  num_key_value_heads=2,
-  head_dim=16,
-  max_position_embeddings=128,
-  linear_num_key_heads=2,
-  linear_num_value_heads=4,
-  linear_key_head_dim=8,
-  linear_value_head_dim=8,
-  num_experts=8,
-  num_experts_per_tok=2,
-  moe_intermediate_size=16,
-  shared_expert_intermediate_size=24,
-)
+# The family's default schedule (3 GDN : 1 attention) over 4 layers, experts on every layer.
+BASE = hybrid_hf_dict(
+  num_hidden_layers=4, layer_types=None, decoder_sparse_step=None, num_experts=8,
+  max_position_embeddings=128, shared_expert_intermediate_size=24,
+)  # fmt: skip
 
 
 def test_qwen3_next_defaults_follow_the_family():

@@ -1,6 +1,5 @@
 """Bad hybrid checkpoints fail with one error naming the file, the tensor or the key."""
 
-import json
 import os
 import shutil
 
@@ -9,7 +8,8 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.checkpoint.safetensors_io import read_tensors, write_tensors
+from specdec.checkpoint.safetensors_io import read_tensors
+from tests.checkpoint.test_loader_errors import _edit_config, _edit_tensors, _fails
 
 SOURCE = "tests/fixtures/hybrid/qwen3_next_moe"  # layers 1 and 3 routed (8 experts), 0 and 2 dense
 
@@ -19,29 +19,6 @@ def ckpt(tmp_path):
   path = str(tmp_path / "m")
   shutil.copytree(SOURCE, path)
   return path
-
-
-def _edit_tensors(path, fn):
-  file = os.path.join(path, "model.safetensors")
-  tensors = dict(read_tensors(file))
-  fn(tensors)
-  write_tensors(file, tensors)
-
-
-def _edit_config(path, fn):
-  file = os.path.join(path, "config.json")
-  with open(file) as f:
-    d = json.load(f)
-  fn(d)
-  with open(file, "w") as f:
-    json.dump(d, f)
-
-
-def _fails(path, *fragments):
-  with pytest.raises(specdec.CheckpointError) as e:
-    specdec.load(path, dtype=jnp.float32)
-  for fragment in fragments:
-    assert fragment in str(e.value), str(e.value)
 
 
 def test_loads_with_stacked_experts(ckpt):
