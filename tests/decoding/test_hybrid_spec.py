@@ -23,24 +23,26 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3], [1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1
 NEW = 24
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class Oracle(Drafter):
   """Drafts the known greedy continuation, each token replaced by a wrong one with probability
-  `miss`: every accepted count from 0 to k occurs, so every settled slot is exercised."""
+  `miss`: every accepted count from 0 to k occurs, so every settled slot is exercised. The
+  answer and the miss rate travel as params, so oracles of one vocabulary share compiled steps."""
 
   name = "oracle"
-  answer: object = None  # [B, N] int32: each row's prompt then its baseline continuation
   vocab: int = 0
-  miss: float = 0.3
+  answer: object = dataclasses.field(default=None, compare=False)  # [B, N]: prompt + baseline
+  miss: float = dataclasses.field(default=0.3, compare=False)
 
   @property
   def params(self):
-    return jnp.asarray(self.answer)
+    return jnp.asarray(self.answer), jnp.float32(self.miss)
 
   def propose(self, params, state, ctx, k, sampling, key):
-    idx_BJ = jnp.clip(ctx.lengths_B[:, None] + jnp.arange(k), 0, params.shape[1] - 1)
-    draft_BJ = jnp.take_along_axis(params, idx_BJ, 1)
-    keep_BJ = jax.random.uniform(key, draft_BJ.shape) >= self.miss
+    answer_BN, miss = params
+    idx_BJ = jnp.clip(ctx.lengths_B[:, None] + jnp.arange(k), 0, answer_BN.shape[1] - 1)
+    draft_BJ = jnp.take_along_axis(answer_BN, idx_BJ, 1)
+    keep_BJ = jax.random.uniform(key, draft_BJ.shape) >= miss
     return jnp.where(keep_BJ, draft_BJ, (draft_BJ + 1) % self.vocab), None, state
 
 
@@ -66,7 +68,7 @@ def test_baseline_is_not_degenerate(baseline):
   assert all(len(set(row)) >= 10 for row in baseline[3])
 
 
-@pytest.mark.parametrize("k, B", [(1, 3), (4, 3), (16, 3), (16, 1)])
+@pytest.mark.parametrize("k, B", [(1, 3), (8, 3), (16, 1)])
 def test_greedy_identity_with_every_accepted_count(target, baseline, k, B):
   out = specdec.generate(
     target, PROMPTS[:B], max_new_tokens=NEW, drafter=_oracle(target, baseline, B, 0.3), k=k
@@ -84,7 +86,7 @@ def test_greedy_identity_when_every_draft_is_accepted(target, baseline):
   assert out.stats["tau"] > 5
 
 
-@pytest.mark.parametrize("kind, k, B", [("ngram", 4, 3), ("ngram", 16, 1), ("draft_lm", 4, 3)])
+@pytest.mark.parametrize("kind, k, B", [("ngram", 16, 3), ("draft_lm", 4, 1)])
 def test_greedy_identity_for_the_library_drafters(target, baseline, kind, k, B):
   drafter = ngram(1, 3) if kind == "ngram" else draft_lm(tiny_model(seed=1))
   out = specdec.generate(target, PROMPTS[:B], max_new_tokens=NEW, drafter=drafter, k=k)
