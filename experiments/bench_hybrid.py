@@ -96,6 +96,9 @@ def step_bytes(params, c: HybridConfig, ctx: int, width: int, dtype) -> dict:
   return dict(weights=weights, routed_experts=routed, kv=kv, recurrent_state=state)
 
 
+RUNS: dict = {}  # width -> its jitted loop, shared by the contexts
+
+
 def forward_loop(module, width: int):
   """n forwards of `width` tokens at the committed end, each committing all of them: the state
   settles at `width` and the cache carries on, as the decode step's does."""
@@ -113,13 +116,14 @@ def forward_loop(module, width: int):
   return run
 
 
-def time_widths(params, c: HybridConfig, dtype, ctx: int, widths, n: int, reps: int) -> dict:
+def time_widths(params, c: HybridConfig, dtype, ctx: int, widths, slots: int, n, reps) -> dict:
+  """Seconds per forward of each width at context ctx (one cache size for every context, so the
+  contexts share each width's executable)."""
   module = stack.decoder(c, dtype)
-  slots = ctx + max(widths) + 1
   cache = filled_cache(c, slots, dtype)
   out = {}
   for w in widths:
-    run = forward_loop(module, w)
+    run = RUNS.setdefault(w, forward_loop(module, w))
     positions_BT = ctx - 1 + jnp.arange(w, dtype=jnp.int32)[None]
     tokens_BT = (positions_BT * 7919) % c.vocab_size
     per, _ = timing.per_iteration(
@@ -179,8 +183,9 @@ def main(argv):
     dtype=jnp.dtype(dtype).name, batch=1, shape=TINY if tiny else QWEN3_NEXT_LIKE,
     layer_types=list(c.layer_types), bandwidth_gbs=bw, n_steps=n, reps=reps, contexts=[],
   )  # fmt: skip
+  slots = max(contexts) + max(widths) + 1
   for ctx in contexts:
-    per = time_widths(params, c, dtype, ctx, widths, n, reps)
+    per = time_widths(params, c, dtype, ctx, widths, slots, n, reps)
     base = per[1]
     b = step_bytes(params, c, ctx, 1, dtype)
     total = sum(b.values())

@@ -55,7 +55,7 @@ class GatedDeltaNet(nn.Module):
     q_BTYH = gdn.l2norm(q_BTYH) * H**-0.5
     k_BTYH = gdn.l2norm(k_BTYH)
     if n_commit_B is None:
-      o_BTYU, s_BTYHU = gdn.recurrent(q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY, rec_BYHU)
+      o_BTYU, s_BTYHU = gdn.per_token(q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY, rec_BYHU)
       conv_BwX = win_BwX
       rec = jnp.concatenate([rec_BYHU[:, None].astype(jnp.float32), s_BTYHU], 1)
     else:

@@ -5,10 +5,11 @@ it does not yet predict, and reads it with q:
 
   S <- exp(g) S;   S <- S + beta k (v - S^T k)^T;   o = S^T q
 
-`recurrent` runs that token by token and returns the state after every token (verify: the commit
-picks the one at the accepted count). `chunked` is the same map in chunks of `chunk` tokens: a
-unit-lower-triangular solve turns each chunk's updates into matmuls (prefill). A token with
-g = 0 and beta = 0 leaves the state as it was, which is how callers mask padding.
+`per_token` returns the output and the state after every token, all tokens as one chunk (verify:
+the commit picks the state at the accepted count). `chunked` is the same map in chunks of `chunk`
+tokens with only the last state (prefill). In both a unit-lower-triangular solve turns a chunk's
+updates into matmuls. A token with g = 0 and beta = 0 leaves the state as it was, which is how
+callers mask padding.
 
 Shapes: B rows, T tokens, Y value heads, H key head dim, U value head dim, Z conv taps, X conv
 channels, w conv window rows. The state math runs in float32 at full matmul precision.
@@ -44,23 +45,40 @@ def conv_state_at(win_BwX, n_B, taps: int):
   return jax.vmap(lambda w, n: jax.lax.dynamic_slice_in_dim(w, n, taps - 1, 0))(win_BwX, n_B)
 
 
-def recurrent(q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY, s_BYHU):
-  """Token by token: (o [B, T, Y, U], the state after each token [B, T, Y, H, U])."""
+def _intra(q, k, v, g, beta):
+  """One chunk's terms, tokens on the second-to-last axis [..., L, *]: the cumulative log-decay
+  c [..., L], decay [..., L, L] (exp(c_i - c_j) for j <= i, else 0), the solved u [..., L, U] and
+  w [..., L, H], and q k^T * decay [..., L, L]."""
+  L, U = k.shape[-2], v.shape[-1]
+  c = jnp.cumsum(g, -1)
+  lower = jnp.tril(jnp.ones((L, L), bool))
+  decay = jnp.exp(jnp.where(lower, c[..., :, None] - c[..., None, :], -jnp.inf))
+  kk = jnp.einsum("...iH,...jH->...ij", k, k, precision=HI)
+  a = jnp.where(jnp.tril(lower, -1), beta[..., :, None] * kk * decay, 0) + jnp.eye(L)
+  rhs = jnp.concatenate([beta[..., None] * v, (beta * jnp.exp(c))[..., None] * k], -1)
+  uw = jax.lax.linalg.triangular_solve(a, rhs, left_side=True, lower=True, unit_diagonal=True)
+  qk = jnp.einsum("...iH,...jH->...ij", q, k, precision=HI) * decay
+  return c, decay, uw[..., :U], uw[..., U:], qk
 
-  def one(s_BYHU, inputs):
-    q_BYH, k_BYH, v_BYU, g_BY, beta_BY = inputs
-    s_BYHU = s_BYHU * jnp.exp(g_BY)[..., None, None]
-    pred_BYU = jnp.einsum("BYHU,BYH->BYU", s_BYHU, k_BYH, precision=HI)
-    delta_BYU = (v_BYU - pred_BYU) * beta_BY[..., None]
-    s_BYHU = s_BYHU + k_BYH[..., :, None] * delta_BYU[..., None, :]
-    o_BYU = jnp.einsum("BYHU,BYH->BYU", s_BYHU, q_BYH, precision=HI)
-    return s_BYHU, (o_BYU, s_BYHU)
 
-  seq = tuple(
-    jnp.moveaxis(a.astype(jnp.float32), 1, 0) for a in (q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY)
-  )
-  _, (o_TBYU, s_TBYHU) = jax.lax.scan(one, s_BYHU.astype(jnp.float32), seq)
-  return jnp.moveaxis(o_TBYU, 0, 1), jnp.moveaxis(s_TBYHU, 0, 1)
+def per_token(q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY, s_BYHU):
+  """All T tokens as one chunk: (o [B, T, Y, U], the state after each token [B, T, Y, H, U]).
+
+  The state after token t is exp(c_t) S + sum_{j <= t} exp(c_t - c_j) k_j v'_j^T, every t at once
+  (verify: T = k + 1 is small, and no step waits on the one before).
+  """
+  heads_first = lambda a: jnp.moveaxis(a.astype(jnp.float32), 1, 2)  # noqa: E731
+  q, k, v = heads_first(q_BTYH), heads_first(k_BTYH), heads_first(v_BTYU)
+  g, beta = (jnp.moveaxis(a.astype(jnp.float32), 1, 2) for a in (g_BTY, beta_BTY))
+  s = s_BYHU.astype(jnp.float32)
+  c, decay, u, w, qk = _intra(q, k, v, g, beta)  # [B, Y, T, ...]
+  v_new = u - jnp.einsum("BYLH,BYHU->BYLU", w, s, precision=HI)
+  o = jnp.einsum("BYLH,BYHU->BYLU", q * jnp.exp(c)[..., None], s, precision=HI)
+  o = o + jnp.einsum("BYij,BYjU->BYiU", qk, v_new, precision=HI)
+  kd = jnp.einsum("BYij,BYjH->BYijH", decay, k)
+  states = jnp.exp(c)[..., None, None] * s[:, :, None]
+  states = states + jnp.einsum("BYijH,BYjU->BYiHU", kd, v_new, precision=HI)
+  return jnp.moveaxis(o, 2, 1), jnp.moveaxis(states, 2, 1)
 
 
 def chunked(q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY, s_BYHU, chunk: int = 64):
@@ -84,15 +102,7 @@ def chunked(q_BTYH, k_BTYH, v_BTYU, g_BTY, beta_BTY, s_BYHU, chunk: int = 64):
   split = lambda a: jnp.moveaxis(a.reshape(B, n, L, Y, -1), (1, 3), (0, 2))  # noqa: E731
   q, k, v = split(q), split(k), split(v)
   g, beta = split(g)[..., 0], split(beta)[..., 0]
-  c = jnp.cumsum(g, -1)  # [n, B, Y, L]
-  lower = jnp.tril(jnp.ones((L, L), bool))
-  decay = jnp.exp(jnp.where(lower, c[..., :, None] - c[..., None, :], -jnp.inf))
-  kk = jnp.einsum("nBYiH,nBYjH->nBYij", k, k, precision=HI)
-  a = jnp.where(jnp.tril(lower, -1), beta[..., :, None] * kk * decay, 0) + jnp.eye(L)
-  rhs = jnp.concatenate([beta[..., None] * v, (beta * jnp.exp(c))[..., None] * k], -1)
-  uw = jax.lax.linalg.triangular_solve(a, rhs, left_side=True, lower=True, unit_diagonal=True)
-  u, w = uw[..., :U], uw[..., U:]
-  qk = jnp.einsum("nBYiH,nBYjH->nBYij", q, k, precision=HI) * decay
+  c, _, u, w, qk = _intra(q, k, v, g, beta)
   q_dec = q * jnp.exp(c)[..., None]
   k_dec = k * jnp.exp(c[..., -1:] - c)[..., None]
 

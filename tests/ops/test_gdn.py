@@ -30,12 +30,17 @@ def _naive(q, k, v, g, beta, s):
   return np.stack(outs, 1), s
 
 
-def test_recurrent_and_chunked_match_the_rule():
+def test_per_token_and_chunked_match_the_rule():
+  args = _inputs(0, T=17)  # a verify window: k + 1 = 17
+  o_ref, _ = _naive(*args)
+  o_p, s_p = gdn.per_token(*args)
+  np.testing.assert_allclose(o_p, o_ref, atol=1e-5)
+  for t in (0, 5, 16):  # the state after t + 1 tokens
+    np.testing.assert_allclose(
+      s_p[:, t], _naive(*(a[:, : t + 1] for a in args[:5]), args[5])[1], atol=1e-5
+    )
   args = _inputs(0)
   o_ref, s_ref = _naive(*args)
-  o_r, s_r = gdn.recurrent(*args)
-  np.testing.assert_allclose(o_r, o_ref, atol=1e-5)
-  np.testing.assert_allclose(s_r[:, -1], s_ref, atol=1e-5)
   for chunk in (1, 8, 64):  # several chunks with a padded tail, and one chunk
     o_c, s_c = gdn.chunked(*args, chunk=chunk)
     np.testing.assert_allclose(o_c, o_ref, atol=1e-4, err_msg=f"chunk {chunk}")
@@ -47,7 +52,7 @@ def test_masked_tokens_leave_the_state_alone():
   n = np.array([5, 30])
   live = (np.arange(q.shape[1])[None] < n[:, None])[..., None]
   _, s = gdn.chunked(q, k, v, jnp.where(live, g, 0), jnp.where(live, beta, 0), s0, chunk=8)
-  _, states = gdn.recurrent(q, k, v, g, beta, s0)
+  _, states = gdn.per_token(q, k, v, g, beta, s0)
   for b in range(2):
     np.testing.assert_allclose(s[b], states[b, n[b] - 1], atol=1e-4)
 
