@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import specdec
+from specdec.drafters import block as block_lib
 from specdec.drafters import draft_lm, ngram
+from specdec.drafters import mtp as mtp_lib
 from specdec.drafters.base import Drafter
 from specdec.ops import sampling as S
 from tests.decoding import test_spec_gates as gates
@@ -86,9 +88,20 @@ def test_greedy_identity_when_every_draft_is_accepted(target, baseline):
   assert out.stats["tau"] > 5
 
 
-@pytest.mark.parametrize("kind, k, B", [("ngram", 16, 3), ("draft_lm", 4, 1)])
+LIBRARY = {
+  "ngram": lambda t: ngram(1, 3),
+  "draft_lm": lambda t: draft_lm(tiny_model(seed=1)),
+  # Untrained heads over the hybrid's features: they rarely agree, the gate must still hold.
+  "mtp": lambda t: mtp_lib.mtp(t),
+  "block": lambda t: block_lib.block(t),
+}
+
+
+@pytest.mark.parametrize(
+  "kind, k, B", [("ngram", 16, 3), ("draft_lm", 4, 1), ("mtp", 4, 3), ("block", 8, 1)]
+)
 def test_greedy_identity_for_the_library_drafters(target, baseline, kind, k, B):
-  drafter = ngram(1, 3) if kind == "ngram" else draft_lm(tiny_model(seed=1))
+  drafter = LIBRARY[kind](target)
   out = specdec.generate(target, PROMPTS[:B], max_new_tokens=NEW, drafter=drafter, k=k)
   assert out.tokens == baseline[B]
 
