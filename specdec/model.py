@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from specdec.models import stack
 from specdec.models.config import ModelConfig
-from specdec.models.transformer import ForwardOut, KVCache, Transformer
+from specdec.models.transformer import ForwardOut, Transformer
 from specdec.ops.kv_cache import FP8, FP8_MAX, KV_SCALES
 
 
@@ -25,8 +26,10 @@ def forward(
   """
   B, T = tokens_BT.shape
   positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  cache = KVCache.zeros(config, B, T, kv_dtype or dtype)
-  return Transformer(config, dtype).apply(params, tokens_BT, positions_BT, cache, taps=taps)
+  cache = stack.empty_cache(config, B, T, kv_dtype or dtype)
+  n_commit_B = jnp.full((B,), T, jnp.int32)  # every token is real: a settled hybrid cache
+  module = stack.decoder(config, dtype)
+  return module.apply(params, tokens_BT, positions_BT, cache, taps=taps, n_commit_B=n_commit_B)
 
 
 @dataclasses.dataclass
@@ -39,7 +42,7 @@ class Model:
 
   @property
   def module(self) -> Transformer:
-    return Transformer(self.config, self.dtype)
+    return stack.decoder(self.config, self.dtype)
 
   def logits(self, tokens_BT) -> jax.Array:
     """int [B, T] -> float32 logits [B, T, V] for every position (causal, from position 0)."""
@@ -98,7 +101,7 @@ class Model:
   def random(config: ModelConfig, seed: int = 0, dtype=jnp.float32, scale: float = 1.0) -> "Model":
     """A randomly initialised model (tests, speed benchmarks)."""
     tok = jnp.zeros((1, 1), jnp.int32)
-    cache = KVCache.zeros(config, 1, 1, dtype)
-    params = Transformer(config, dtype).init(jax.random.key(seed), tok, tok, cache)
+    cache = stack.empty_cache(config, 1, 1, dtype)
+    params = stack.decoder(config, dtype).init(jax.random.key(seed), tok, tok, cache)
     params = jax.tree.map(lambda p: (p * scale if p.ndim > 1 else p).astype(dtype), params)
     return Model(config=config, params=params, dtype=dtype)

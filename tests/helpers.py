@@ -115,3 +115,39 @@ def check_lowers_to_mosaic_gpu(matmul, w, m, k):
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
   text = jax.export.export(jax.jit(matmul), platforms=["cuda"])(x, w).mlir_module()
   assert "mosaic_gpu" in text
+
+
+def hybrid_hf_dict(**kw) -> dict:
+  """A small Qwen3-Next config.json: Gated DeltaNet then gated attention, routed experts with a
+  shared expert on the second layer of each pair; `kw` overrides the keys (None drops one)."""
+  d = dict(
+    model_type="qwen3_next",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    layer_types=["linear_attention", "full_attention"],
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    shared_expert_intermediate_size=16,
+    decoder_sparse_step=2,
+  )
+  d.update(kw)
+  return {key: v for key, v in d.items() if v is not None}
+
+
+def tiny_hybrid_config(**kw):
+  return from_hf_dict(hybrid_hf_dict(**kw))
+
+
+def tiny_hybrid_model(seed=0, scale=3.0, **kw) -> Model:
+  return Model.random(tiny_hybrid_config(**kw), seed=seed, scale=scale)

@@ -18,16 +18,15 @@ import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from specdec import xla_env
-from specdec.checkpoint import names
+from specdec.checkpoint import hybrid_names, names
 from specdec.checkpoint.safetensors_io import (
   CheckpointError,
   checkpoint_files,
   read_tensors,
   write_tensors,
 )
-from specdec.models import fuse
-from specdec.models.config import ConfigError, ModelConfig, load_config, to_hf_dict
-from specdec.models.transformer import KVCache, Transformer
+from specdec.models import fuse, stack
+from specdec.models.config import ConfigError, HybridConfig, ModelConfig, load_config, to_hf_dict
 from specdec.ops.kv_cache import FP8, KV_SCALES
 from specdec.quant import layouts, nvfp4
 from specdec.quant.errors import QuantFormatError
@@ -38,9 +37,9 @@ ACTIVATION_SCALES = (".input_scale", ".input_global_scale")
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
   """params path -> shape, from the module itself (no weights are allocated)."""
-  module = Transformer(config, jnp.float32)
+  module = stack.decoder(config, jnp.float32)
   tok = jnp.zeros((1, 1), jnp.int32)
-  cache = jax.eval_shape(lambda: KVCache.zeros(config, 1, 1, jnp.float32))
+  cache = jax.eval_shape(lambda: stack.empty_cache(config, 1, 1, jnp.float32))
   shapes = jax.eval_shape(module.init, jax.random.key(0), tok, tok, cache)["params"]
   return {"/".join(k): v.shape for k, v in flatten_dict(shapes).items()}
 
@@ -131,6 +130,9 @@ def read_params(
     by_file.setdefault(file, []).append(name)
   for file, tensor_names in sorted(by_file.items()):
     arrays.update(read_tensors(file, tensor_names))
+  hybrid = isinstance(config, HybridConfig)
+  if hybrid:
+    arrays, files = hybrid_names.stack_experts(arrays, files, config)
   found: dict = {}
   consumed: set[str] = set()
   if reader is not None:
@@ -146,7 +148,7 @@ def read_params(
     if reader is not None and name.endswith(ACTIVATION_SCALES):
       continue  # weight-only execution (W4A16 / W8A16) reads no activation scales
     file = files[name]
-    mapped = names.to_path(name)
+    mapped = (hybrid_names.to_path if hybrid else names.to_path)(name)
     if mapped is None or (mapped[0] not in want and not _tied_head(mapped[0], config)):
       raise CheckpointError(
         f"{file}: unexpected tensor {name!r} for this {config.model_type} config"
@@ -170,7 +172,10 @@ def read_params(
     found[target] = array
   missing = sorted(set(want) - set(found))
   if missing:
-    hf = names.to_hf_name(missing[0])[0]
+    try:
+      hf = names.to_hf_name(missing[0])[0]
+    except KeyError:  # a hybrid-only params path: name it as it is
+      hf = missing[0]
     raise CheckpointError(f"{path}: missing tensor {hf!r} ({len(missing)} missing in all)")
 
   def to_device(key, v):
@@ -284,6 +289,9 @@ def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True, mesh=None
   with open(os.path.join(path, "config.json")) as f:
     raw = json.load(f)
   scheme = quant_scheme(path, raw)
+  hybrid = isinstance(config, HybridConfig)
+  if hybrid and (scheme is not None or linear_reader(raw, scheme) is not None):
+    raise CheckpointError(f"{path}: quantized {config.model_type} checkpoints are not supported")
   params, kv_missing = read_params(path, config, dtype, linear_reader(raw, scheme), scheme)
   tokenizer = load_tokenizer(path, config.vocab_size)
   config = config.replace(eos_token_ids=_eos_ids(path, config))
@@ -297,12 +305,16 @@ def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True, mesh=None
     kv_dtype=FP8 if _declares_fp8_kv(scheme) else None,
   )
   if mesh is not None:
+    if hybrid:
+      raise CheckpointError(f"{path}: {config.model_type} targets are not split over a mesh yet")
     from specdec import sharding
 
     if mesh.shape["tensor"] > 1:
-      return sharding.on_mesh(model, mesh)
+      return sharding.on_mesh(model, mesh)  # unfused: a fused kernel does not split by heads
     model = sharding.on_mesh(model, mesh)
-  return fuse.fuse_projections(model, release=True) if fuse_projections else model
+  if fuse_projections and not hybrid:  # the hybrid stack keeps its projections separate
+    return fuse.fuse_projections(model, release=True)
+  return model
 
 
 def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:

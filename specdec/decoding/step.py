@@ -25,6 +25,7 @@ import numpy as np
 from specdec.decoding.accept import Mode, accept
 from specdec.decoding.state import DecodeState, counters, ctx_bucket
 from specdec.drafters.base import Context, Drafter
+from specdec.models import stack
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import ForwardOut, KVCache, Transformer
 from specdec.ops import sampling as sampling_lib
@@ -51,7 +52,7 @@ class StepConfig:
 
   @property
   def module(self) -> Transformer:
-    return Transformer(self.config, self.dtype)
+    return stack.decoder(self.config, self.dtype)
 
   @property
   def for_prefill(self) -> "StepConfig":
@@ -75,15 +76,18 @@ def _prompt_forward(params, prompt_BT, last_BP, cache: KVCache, sc: StepConfig) 
 
   Prompts longer than sc.prefill_chunk go through in slices (buckets are powers of two, so the
   slice divides them); each slice attends to the cache the earlier ones wrote, which is the causal
-  forward over the whole prompt.
+  forward over the whole prompt. Each row's tokens past last_BP are padding, which a recurrent
+  (hybrid) state must not take in: the forward is told how many are real (`n_commit_B`).
   """
   B, T = prompt_BT.shape
   C = min(T, sc.prefill_chunk)
+  n_B = last_BP[:, 0] + 1
   if C == T:
     positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     return sc.module.apply(
-      params, prompt_BT, positions_BT, cache, taps=sc.drafter.taps, logits_at_BP=last_BP
-    )
+      params, prompt_BT, positions_BT, cache, taps=sc.drafter.taps, logits_at_BP=last_BP,
+      n_commit_B=n_B,
+    )  # fmt: skip
 
   def chunk(cache, c):
     tokens_BC = jax.lax.dynamic_slice_in_dim(prompt_BT, c * C, C, axis=1)
@@ -91,6 +95,7 @@ def _prompt_forward(params, prompt_BT, last_BP, cache: KVCache, sc: StepConfig) 
     out = sc.module.apply(
       params, tokens_BC, positions_BC, cache, taps=sc.drafter.taps,
       logits_at_BP=jnp.zeros((B, 1), jnp.int32),  # logits come from the whole hidden below
+      n_commit_B=jnp.clip(n_B - c * C, 0, C),
     )  # fmt: skip
     return out.cache, (out.hidden, out.taps)
 
@@ -110,7 +115,7 @@ def prefill_fields(
   """The prompt bucket through the target, the first token sampled, the drafter's state built:
   every field of the decode state but the counters (they alone depend on k)."""
   B, T = prompt_BT.shape
-  cache = KVCache.zeros(sc.config, B, slots, sc.kv_dtype or sc.dtype)
+  cache = stack.empty_cache(sc.config, B, slots, sc.kv_dtype or sc.dtype)
   out = _prompt_forward(params, prompt_BT, (prompt_lengths_B - 1)[:, None], cache, sc)
   key, sub = jax.random.split(key)
   first_B = sampling_lib.sample(sub, sampling_lib.probs(out.logits[:, 0], sc.sampling))
@@ -178,6 +183,7 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
   with jax.named_scope("verify"):
     # One target forward over [newest committed token, d_1 .. d_k] writes their K/V at slots
     # lengths-1 .. lengths+k-1; whatever the accept phase rejects stays stale past `lengths`.
+    # A hybrid target's recurrent layers return their state after each of the k+1 tokens.
     last_B = st.tokens[b_B, st.lengths - 1]
     verify_BT = jnp.concatenate([last_B[:, None], draft_BJ], 1)
     positions_BT = st.lengths[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)
@@ -205,7 +211,7 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
     return st.replace(
       tokens=tokens,
       lengths=lengths,
-      cache=out.cache,
+      cache=out.cache.settle(n_emit_B),  # the state after the emitted tokens (hybrid targets)
       draft=draft,
       key=key,
       done=done,

@@ -5,7 +5,9 @@ import json
 import os
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
+HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_moe")  # HybridConfig: GDN and/or routed experts
+SUPPORTED_MODEL_TYPES = ("qwen3", "llama", *HYBRID_MODEL_TYPES)
+LAYER_TYPES = ("full_attention", "linear_attention")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -47,6 +49,136 @@ class ModelConfig:
     return dataclasses.replace(self, **kw)
 
 
+@dataclasses.dataclass(frozen=True)
+class HybridConfig(ModelConfig):
+  """Qwen3-Next (Gated DeltaNet + gated attention, routed experts) and Qwen3-MoE (all attention).
+
+  Per layer: its token mixer (`layer_types`) and whether its MLP is the routed-expert block
+  (`moe_layers`). Linear-attention letters: Q q/k heads of head dim H, Y value heads of dim U,
+  Z conv taps; I routed experts, e of them per token (docs/design.md, "Shape letters").
+  """
+
+  layer_types: tuple[str, ...] = ()
+  moe_layers: tuple[bool, ...] = ()
+  linear_num_key_heads: int = 0  # Q
+  linear_num_value_heads: int = 0  # Y
+  linear_key_head_dim: int = 0  # H of the linear layers
+  linear_value_head_dim: int = 0  # U
+  linear_conv_kernel: int = 4  # Z
+  rotary_dim: int = 0  # RoPE rotates the first rotary_dim of each head (partial rotary)
+  attn_output_gate: bool = False  # q_proj also yields a per-head sigmoid gate on the output
+  norm_plus_one: bool = False  # RMSNorm weights are zero-centred: y = norm(x) * (1 + w)
+  num_experts: int = 0  # I
+  num_experts_per_tok: int = 0  # e
+  moe_intermediate_size: int = 0
+  shared_expert_intermediate_size: int = 0  # 0: no shared expert
+  norm_topk_prob: bool = True
+
+  @property
+  def linear_layers(self) -> tuple[int, ...]:
+    return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
+
+  @property
+  def attention_layers(self) -> tuple[int, ...]:
+    return tuple(i for i, t in enumerate(self.layer_types) if t == "full_attention")
+
+  @property
+  def conv_dim(self) -> int:  # X: the q, k, v channels the short conv mixes
+    return 2 * self.linear_num_key_heads * self.linear_key_head_dim + (
+      self.linear_num_value_heads * self.linear_value_head_dim
+    )
+
+
+def _hybrid_fields(d: dict[str, Any], source: str, num_layers: int, head_dim: int) -> dict:
+  """HybridConfig's own fields from an HF config; each misfit names `source` and the key."""
+  model_type = d["model_type"]
+  if model_type == "qwen3_next":
+    interval = int(d.get("full_attention_interval", 4))
+    default = [
+      "linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)
+    ]
+  else:
+    default = ["full_attention"] * num_layers
+  layer_types = tuple(d.get("layer_types") or default)
+  if len(layer_types) != num_layers:
+    raise ConfigError(
+      f"{source}: layer_types has {len(layer_types)} entries but num_hidden_layers={num_layers}"
+    )
+  for i, t in enumerate(layer_types):
+    allowed = LAYER_TYPES if model_type == "qwen3_next" else ("full_attention",)
+    if t not in allowed:
+      raise ConfigError(
+        f"{source}: layer_types[{i}] = {t!r} is not a {model_type} layer type; "
+        f"expected one of {', '.join(allowed)}"
+      )
+  fields = {}
+  if "linear_attention" in layer_types:
+    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim")
+    q_heads, v_heads, k_dim = (int(d.get(k) or 0) for k in keys)
+    v_dim = int(d.get("linear_value_head_dim") or 0)
+    conv = int(d.get("linear_conv_kernel_dim", 4))
+    if min(q_heads, v_heads, k_dim, v_dim, conv) < 1:
+      raise ConfigError(
+        f"{source}: linear attention needs linear_num_key_heads, linear_num_value_heads, "
+        f"linear_key_head_dim, linear_value_head_dim and linear_conv_kernel_dim >= 1; got "
+        f"{q_heads}, {v_heads}, {k_dim}, {v_dim}, {conv}"
+      )
+    if v_heads % q_heads:
+      raise ConfigError(
+        f"{source}: linear_num_value_heads={v_heads} is not a multiple of "
+        f"linear_num_key_heads={q_heads} (each key head serves a whole group of value heads)"
+      )
+    fields.update(
+      linear_num_key_heads=q_heads,
+      linear_num_value_heads=v_heads,
+      linear_key_head_dim=k_dim,
+      linear_value_head_dim=v_dim,
+      linear_conv_kernel=conv,
+    )
+  n_experts = int(
+    d.get("num_experts") or d.get("num_local_experts") or 0
+  )  # transformers 5 writes the latter
+  step = int(d.get("decoder_sparse_step") or 1)
+  dense_only = set(d.get("mlp_only_layers") or ())
+  moe = tuple(
+    n_experts > 0 and i not in dense_only and (i + 1) % step == 0 for i in range(num_layers)
+  )
+  if any(moe):
+    top = int(d.get("num_experts_per_tok") or 0)
+    if not 1 <= top <= n_experts:
+      raise ConfigError(
+        f"{source}: num_experts_per_tok={top} must be in [1, num_experts={n_experts}]"
+      )
+    if int(d.get("moe_intermediate_size") or 0) < 1:
+      raise ConfigError(f"{source}: missing config key 'moe_intermediate_size' (num_experts > 0)")
+    fields.update(
+      num_experts=n_experts,
+      num_experts_per_tok=top,
+      moe_intermediate_size=int(d["moe_intermediate_size"]),
+      shared_expert_intermediate_size=int(d.get("shared_expert_intermediate_size") or 0),
+      norm_topk_prob=bool(d.get("norm_topk_prob", model_type == "qwen3_next")),
+    )
+  rope = d.get("rope_parameters") or {}
+  factor = float(rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)))
+  if model_type == "qwen3_next" and "partial_rotary_factor" not in rope | d:
+    factor = 0.25  # transformers' default for the family
+  rotary = int(head_dim * factor)
+  if rotary < 2 or rotary % 2 or rotary > head_dim:
+    raise ConfigError(
+      f"{source}: partial_rotary_factor={factor} gives rotary dim {rotary} of head_dim "
+      f"{head_dim}; it must be even and in [2, head_dim]"
+    )
+  is_next = model_type == "qwen3_next"
+  return dict(
+    fields,
+    layer_types=layer_types,
+    moe_layers=moe,
+    rotary_dim=rotary,
+    attn_output_gate=is_next,
+    norm_plus_one=is_next,
+  )
+
+
 def _eos_tuple(value) -> tuple[int, ...]:
   if value is None:
     return ()
@@ -83,10 +215,14 @@ def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> ModelConfig:
   theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
   rope.pop("rope_theta", None)
   rope.pop("type", None)
+  rope.pop("partial_rotary_factor", None)  # HybridConfig.rotary_dim
   rope["rope_type"] = rope_type
   scaling = None if rope_type == "default" else tuple(sorted(rope.items()))
-  is_qwen3 = model_type == "qwen3"
-  return ModelConfig(
+  hybrid = {}
+  if model_type in HYBRID_MODEL_TYPES:
+    hybrid = _hybrid_fields(d, source, int(need("num_hidden_layers")), head_dim)
+  return (HybridConfig if hybrid else ModelConfig)(
+    **hybrid,
     model_type=model_type,
     vocab_size=int(need("vocab_size")),
     hidden_size=hidden,
@@ -99,7 +235,7 @@ def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> ModelConfig:
     rope_theta=float(theta),
     max_position_embeddings=int(need("max_position_embeddings")),
     tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-    qk_norm=is_qwen3,
+    qk_norm=model_type != "llama",
     attention_bias=bool(d.get("attention_bias", False)),
     mlp_bias=bool(d.get("mlp_bias", False)),
     rope_scaling=scaling,
@@ -110,6 +246,8 @@ def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> ModelConfig:
 
 def to_hf_dict(c: ModelConfig) -> dict[str, Any]:
   """The inverse mapping, for checkpoints we write (the zoo)."""
+  if isinstance(c, HybridConfig):
+    raise ValueError(f"writing a {c.model_type} config is not supported (only loading is)")
   arch = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[c.model_type]
   d = {
     "architectures": [arch],

@@ -45,6 +45,11 @@ class KVCache:
   def slots(self) -> int:
     return self.k[0].shape[1]
 
+  def settle(self, n_B) -> "KVCache":
+    """The cache a step commits: this one as it is (stale slots past `lengths` are masked)."""
+    del n_B
+    return self
+
 
 class ForwardOut(NamedTuple):
   logits: jax.Array  # [B, T or P, V] float32
@@ -179,13 +184,16 @@ class Transformer(nn.Module):
     taps: tuple[int, ...] = (),
     logits_at_BP=None,
     inputs_BTD=None,
+    n_commit_B=None,
   ) -> ForwardOut:
     """One forward over T new tokens at `positions`, writing their K/V into `cache`.
 
     taps: layer indices whose outputs are returned (tap i = output of decoder layer i).
     logits_at_BP: optional indices into T; only those positions go through the LM head.
     inputs_BTD: embeddings to use instead of embedding `tokens_BT`.
+    n_commit_B: unused; a KV cache needs no commit count (the hybrid stack's state does).
     """
+    del n_commit_B
     x_BTD = self.embed_tokens(tokens_BT) if inputs_BTD is None else inputs_BTD.astype(self.dtype)
     ks, vs, tapped = [], [], {}
     for i, block in enumerate(self.blocks):
@@ -193,13 +201,18 @@ class Transformer(nn.Module):
       ks.append(k)
       vs.append(v)
       tapped[i] = x_BTD
-    h_BTD = self.final_norm(x_BTD)
-    h_sel = h_BTD
-    if logits_at_BP is not None:
-      h_sel = jnp.take_along_axis(h_BTD, logits_at_BP[:, :, None], axis=1)
+    logits, h_BTD = self.read_out(x_BTD, logits_at_BP)
     return ForwardOut(
-      logits=self.head(h_sel),
+      logits=logits,
       cache=KVCache(k=tuple(ks), v=tuple(vs)),
       taps=tuple(tapped[i] for i in taps),
       hidden=h_BTD,
     )
+
+  def read_out(self, x_BTD, logits_at_BP):
+    """(logits at logits_at_BP, every position where None; the final-norm hidden [B, T, D])."""
+    h_BTD = self.final_norm(x_BTD)
+    h_sel = h_BTD
+    if logits_at_BP is not None:
+      h_sel = jnp.take_along_axis(h_BTD, logits_at_BP[:, :, None], axis=1)
+    return self.head(h_sel), h_BTD

@@ -1,0 +1,79 @@
+"""HF tensor names of the hybrid targets (Qwen3-Next, Qwen3-MoE) beyond the dense table.
+
+The attention, dense-MLP, norm, embedding and head tensors go through `names.NAME_TABLE`; this
+adds the Gated DeltaNet, router and shared-expert rows, and stacks the per-expert matrices
+`model.layers.{i}.mlp.experts.{j}.{gate,up,down}_proj.weight` into one (in, out) array per layer
+and projection, [I, D, F] or [I, F, D], checking that experts 0 .. I-1 are all there.
+"""
+
+import re
+
+import numpy as np
+
+from specdec.checkpoint import names
+from specdec.checkpoint.safetensors_io import CheckpointError
+from specdec.models.config import HybridConfig
+
+_L = r"model\.layers\.(\d+)\."
+_LIN = "layer_{0}/linear_attn/"
+_SHARED = "layer_{0}/mlp/shared_expert/{1}_proj/kernel"
+HYBRID_TABLE: tuple[tuple[str, str, bool], ...] = (
+  (_L + r"linear_attn\.(in_proj_qkvz|in_proj_ba|out_proj)\.weight", _LIN + "{1}/kernel", True),
+  (_L + r"linear_attn\.conv1d\.weight", _LIN + "conv1d", False),
+  (_L + r"linear_attn\.(A_log|dt_bias)", _LIN + "{1}", False),
+  (_L + r"linear_attn\.norm\.weight", _LIN + "norm", False),
+  (_L + r"mlp\.gate\.weight", "layer_{0}/mlp/router/kernel", True),
+  (_L + r"mlp\.shared_expert\.(gate|up|down)_proj\.weight", _SHARED, True),
+  (_L + r"mlp\.shared_expert_gate\.weight", "layer_{0}/mlp/shared_expert_gate/kernel", True),
+)  # fmt: skip
+_COMPILED = tuple((re.compile(p + r"\Z"), t, tr) for p, t, tr in HYBRID_TABLE)
+_EXPERT = re.compile(_L + r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight\Z")
+STACKED = "stacked:"  # the prefix of the names `stack_experts` gives the arrays it builds
+
+
+def to_path(hf_name: str) -> tuple[str, bool] | None:
+  """HF name (or a stacked expert name) -> (params path, transpose), None if unknown."""
+  if hf_name.startswith(STACKED):
+    return hf_name[len(STACKED) :], False
+  found = names.to_path(hf_name)
+  if found is not None:
+    return found
+  for regex, template, transpose in _COMPILED:
+    m = regex.match(hf_name)
+    if m:
+      return template.format(*m.groups()), transpose
+  return None
+
+
+def stack_experts(arrays: dict, files: dict, config: HybridConfig) -> tuple[dict, dict]:
+  """(arrays, files) with each layer's per-expert matrices replaced by their (in, out) stack."""
+  groups: dict[tuple[int, str], dict[int, str]] = {}
+  for name in arrays:
+    m = _EXPERT.match(name)
+    if m:
+      groups.setdefault((int(m[1]), m[3]), {})[int(m[2])] = name
+  arrays, files = dict(arrays), dict(files)
+  for (layer, proj), by_expert in sorted(groups.items()):
+    first = by_expert[min(by_expert)]
+    if layer >= config.num_layers or not config.moe_layers[layer]:
+      raise CheckpointError(
+        f"{files[first]}: unexpected tensor {first!r}: layer {layer} has no routed experts "
+        "in this config"
+      )
+    want = set(range(config.num_experts))
+    if set(by_expert) != want:
+      extra, missing = sorted(set(by_expert) - want), sorted(want - set(by_expert))
+      raise CheckpointError(
+        f"{files[first]}: layer {layer} {proj}_proj has experts "
+        f"{min(by_expert)}..{max(by_expert)} ({len(by_expert)} of them) but config.json says "
+        f"num_experts={config.num_experts} (missing {missing[:4]}, unexpected {extra[:4]})"
+      )
+    shapes = {arrays[by_expert[j]].shape for j in want}
+    if len(shapes) != 1:
+      raise CheckpointError(
+        f"{files[first]}: layer {layer} {proj}_proj experts have differing shapes {sorted(shapes)}"
+      )
+    stacked = np.stack([arrays.pop(by_expert[j]).T for j in sorted(want)])
+    key = f"{STACKED}layer_{layer}/mlp/experts/{proj}_proj"
+    arrays[key], files[key] = stacked, files[first]
+  return arrays, files
