@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.heads import pick
+from specdec.models.config import HybridConfig
 from specdec.models.transformer import KVCache
 
 
@@ -26,6 +27,11 @@ class DraftLM(Drafter):
     return self.model.params
 
   def validate(self, target_config, k, slots):
+    if isinstance(self.model.config, HybridConfig):
+      raise ValueError(
+        f"draft_lm: a {self.model.config.model_type} draft model keeps recurrent state, which "
+        "rollback by length cannot undo; use an attention-only draft model"
+      )
     dv, tv = self.model.config.vocab_size, target_config.vocab_size
     if dv != tv:
       raise ValueError(f"draft_lm vocabulary ({dv}) differs from the target's ({tv})")

@@ -130,3 +130,8 @@ def test_sampling_is_lossless_on_a_hybrid(small_vocab_hybrid, mode, temperature,
   p = gates._exact_joint(target, s)
   pval, (tv, eps) = gates._gate(counts, p), gates._tv(counts, p)
   assert pval > 1e-4 and tv < eps, (pval, tv, eps)
+
+
+def test_a_hybrid_draft_model_is_refused_before_compiling(target):
+  with pytest.raises(ValueError, match="draft_lm: a qwen3_next draft model keeps recurrent state"):
+    specdec.generate(tiny_model(), PROMPTS[:1], max_new_tokens=4, drafter=draft_lm(target), k=2)
