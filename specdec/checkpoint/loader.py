@@ -309,9 +309,9 @@ def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True, mesh=None
       raise CheckpointError(f"{path}: {config.model_type} targets are not split over a mesh yet")
     from specdec import sharding
 
-    if mesh.shape["tensor"] > 1:
-      return sharding.on_mesh(model, mesh)  # unfused: a fused kernel does not split by heads
     model = sharding.on_mesh(model, mesh)
+    if mesh.shape["tensor"] > 1:
+      return model  # unfused: a fused kernel does not split by heads
   if fuse_projections and not hybrid:  # the hybrid stack keeps its projections separate
     return fuse.fuse_projections(model, release=True)
   return model
