@@ -118,7 +118,11 @@ def _cache_dir_in_child(tmp_path, **env) -> str:
     "jax.jit(lambda x: x + 1)(1.0).block_until_ready(); "
     "print(json.dumps([d, jax.config.jax_compilation_cache_dir]))"
   )
-  base = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  base = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("JAX_COMPILATION_CACHE", "SPECDEC_COMPILE_CACHE"))
+  }
   base |= {"XDG_CACHE_HOME": str(tmp_path), "JAX_PLATFORMS": "cpu", **env}
   out = subprocess.run(
     [sys.executable, "-c", code], env=base, cwd=ROOT, capture_output=True, text=True, check=True
