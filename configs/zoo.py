@@ -6,6 +6,7 @@ from configs import (
   train_block16,
   train_dflash2,
   train_draft_lm,
+  train_dspark,
   train_eagle3,
   train_mtp,
   train_target,
@@ -19,5 +20,6 @@ CONFIGS = {
   "block8": train_block8,
   "block16": train_block16,
   "dflash2": train_dflash2,
+  "dspark": train_dspark,
   "selfdistill": selfdistill,
 }

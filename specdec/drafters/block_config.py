@@ -165,11 +165,17 @@ def make_config(
   selector: bool = False,
   selector_top_k: int = 16,
   selector_rank: int = 64,
+  sample_from_anchor: bool = False,
+  markov_rank: int = 0,
+  markov_head_type: str = "vanilla",
+  confidence_head: bool = False,
 ) -> BlockConfig:
   """A new drafter for `target`: draft layers with the target's width, heads and RoPE.
 
   The mask token defaults to the last vocabulary id (pick one the target never emits: the
-  embedding of the mask is the target's own embedding row, frozen)."""
+  embedding of the mask is the target's own embedding row, frozen). DSpark: sample_from_anchor,
+  a Markov head of rank markov_rank, a confidence head (over [h, w1[prev]] with a Markov head,
+  else over [h], as speculators' confidence_head_with_markov default)."""
   layers = target.replace(
     num_layers=num_layers,
     intermediate_size=intermediate_size or target.intermediate_size,
@@ -189,6 +195,10 @@ def make_config(
     selector_top_k=selector_top_k if selector else 0,
     selector_rank=selector_rank if selector else 0,
     num_target_layers=target.num_layers,
+    sample_from_anchor=sample_from_anchor,
+    markov_rank=markov_rank,
+    markov_head_type=markov_head_type,
+    confidence_head=(target.hidden_size + markov_rank) if confidence_head else 0,
   ).check()
 
 

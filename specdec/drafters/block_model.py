@@ -317,6 +317,10 @@ class BlockDraft(nn.Module):
   def markov_bias(self, state_Br, prev_B, h_BD):
     return self.markov_head(state_Br, prev_B, h_BD)
 
+  def confidence(self, x_BPX):
+    """DSpark's acceptance logit per row [B, P] (input: `training.block.confidence_input`)."""
+    return self.confidence_head(x_BPX)
+
   def draft_head(self, h_BPD):
     """float32 logits over the draft's own vocabulary [.., Vd] (a reduced-vocabulary draft)."""
     return self.lm_head(h_BPD).astype(jnp.float32)

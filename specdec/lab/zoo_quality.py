@@ -44,20 +44,20 @@ def humaneval_syntax(model, max_new_tokens: int = 192, batch: int = 16, n: int |
   return sum(ok) / len(ok), sum(o and b for o, b in zip(ok, body, strict=True)) / len(ok)
 
 
-# The zoo issue's bars: tau at T = 0, k = 8, block drafters at their block size (k = b - 1);
-# DFlash2 at least block8's tau.
+# The zoo issue's bars: tau at T = 0, k = 8, block drafters at one forward's drafts (k = b - 1,
+# or b for DSpark, whose anchor row drafts too); DFlash2 and DSpark at least block8's tau.
 TAU_BARS = {"eagle3": 4.0, "mtp": 4.0, "block8": 4.0, "block16": 4.5, "draft_lm": 3.0}
-BLOCK_SIZES = {"block8": 8, "block16": 16, "dflash2": 8}
+PER_FORWARD = {"block8": 7, "block16": 15, "dflash2": 7, "dspark": 8}
 
 
 def quality_ks(name: str, ks=(4, 8)) -> tuple[int, ...]:
-  """k values a drafter is measured at: ks, and a block drafter's block size too (b - 1 drafts)."""
-  b = BLOCK_SIZES.get(name)
-  return tuple(sorted({*ks, b - 1})) if b else tuple(ks)
+  """k values a drafter is measured at: ks, and a block drafter's drafts per forward too."""
+  p = PER_FORWARD.get(name)
+  return tuple(sorted({*ks, p})) if p else tuple(ks)
 
 
 def bar_k(name: str) -> int:
-  return BLOCK_SIZES[name] - 1 if name in BLOCK_SIZES else 8
+  return PER_FORWARD.get(name, 8)
 
 
 def tau_table(target, drafters: dict, ks=(4, 8), temperatures=(0.0, 0.6), n_prompts=16,
@@ -80,11 +80,15 @@ def tau_table(target, drafters: dict, ks=(4, 8), temperatures=(0.0, 0.6), n_prom
 
 
 def bar_checks(rows: list[dict]) -> list[dict]:
-  """Each bar of TAU_BARS (and DFlash2 >= block8) against the greedy rows at the bar's k."""
+  """Each bar of TAU_BARS (and DFlash2, DSpark >= block8) against the greedy rows at the bar's
+  k."""
   tau = {
     r["drafter"]: r["tau"] for r in rows if r["temperature"] == 0 and r["k"] == bar_k(r["drafter"])
   }
-  bars = {**TAU_BARS, **({"dflash2": tau["block8"]} if "block8" in tau else {})}
+  bars = {
+    **TAU_BARS,
+    **({n: tau["block8"] for n in ("dflash2", "dspark")} if "block8" in tau else {}),
+  }
   return [
     dict(drafter=name, k=bar_k(name), tau=tau[name], bar=bar, met=tau[name] >= bar)
     for name, bar in bars.items()

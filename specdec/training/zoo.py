@@ -11,7 +11,7 @@ import os
 
 from specdec.training import drafter, lm, selfdistill
 
-MODELS = ("target", "draft_lm", "mtp", "eagle3", "block8", "block16", "dflash2")
+MODELS = ("target", "draft_lm", "mtp", "eagle3", "block8", "block16", "dflash2", "dspark")
 
 
 def finished(path: str) -> bool:

@@ -35,6 +35,9 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3], [1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1
 MAX_NEW = 24  # short enough that generate only compiles its 1-step chunk
 GREEDY = Sampling()
 DFLASH2_KW = dict(conv=True, selector=True, selector_top_k=4, selector_rank=8)
+DSPARK_KW = dict(
+  sample_from_anchor=True, markov_rank=8, markov_head_type="rnn", confidence_head=True
+)
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +289,11 @@ def _joint_loss(target, cfgs):
 
 def test_trained_drafter_is_accepted(target):
   kw = dict(num_layers=1, block_size=8, target_layer_ids=(0, 1))
-  cfgs = [make_config(target.config, **kw), make_config(target.config, **kw, **DFLASH2_KW)]
+  cfgs = [
+    make_config(target.config, **kw),
+    make_config(target.config, **kw, **DFLASH2_KW),
+    make_config(target.config, **kw, **DSPARK_KW),
+  ]
   # Start the target from the same random weights at unit scale (tiny_model multiplies by 10);
   # fresh buffers, because fit donates what it trains.
   unit = jax.tree.map(lambda p: p / 10 if p.ndim > 1 else jnp.array(p, copy=True), target.params)
@@ -307,7 +314,11 @@ def test_trained_drafter_is_accepted(target):
     progress=False,
   )
   last = history["train"][-1]
-  assert last["tau_block_0"] > 3 and last["tau_block_1"] > 3, last
+  assert all(last[f"tau_block_{i}"] > 3 for i in range(3)), last
+  # DSpark's confidence head tracks its rows' acceptance probability (1 - TV / 2) better than
+  # the batch's mean acceptance would, while the target it is measured against keeps training.
+  err, const = last["confidence_abs_error_2"], last["confidence_abs_error_const_2"]
+  assert err < 0.95 * const and last["tau_probabilistic_2"] > 2.5, last
   trained = specdec.Model(target.config, params["target"], None, target.dtype)
   prompts = [
     _alternation(np.random.default_rng(i), 1, n)[0].tolist() for i, n in enumerate((5, 8, 11, 6))

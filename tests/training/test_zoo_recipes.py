@@ -35,7 +35,7 @@ def target12():
   return tiny_model(num_hidden_layers=12, vocab_size=64)
 
 
-@pytest.mark.parametrize("name", ["mtp", "eagle3", "block8", "block16", "dflash2"])
+@pytest.mark.parametrize("name", ["mtp", "eagle3", "block8", "block16", "dflash2", "dspark"])
 def test_each_drafter_recipe_builds_and_its_loss_traces(target12, name):
   cfg = CONFIGS[name].get_config()
   rng = np.random.default_rng(0)
@@ -46,14 +46,14 @@ def test_each_drafter_recipe_builds_and_its_loss_traces(target12, name):
   loss, metrics = jax.eval_shape(method.loss, params, method.frozen, tokens, jax.random.key(1))
   assert loss.shape == () and metrics
   opts = cfg.drafter
-  if name.startswith(("block", "dflash")):
+  if name.startswith(("block", "dflash", "dspark")):
     # DFlash: 5 taps from the second layer to the third-to-last, its own formula
     assert tuple(opts.target_layer_ids) == tuple(build_target_layer_ids(12, 5)) == (1, 3, 5, 7, 9)
   else:
     assert opts.chain.depth == 7  # EAGLE-3's training-time test, MTP chained to the same depth
 
 
-@pytest.mark.parametrize("name", ["eagle3", "block8"])
+@pytest.mark.parametrize("name", ["eagle3", "block8", "dspark"])
 def test_a_trainer_can_export_the_speculators_format(tmp_path, target12, name):
   import json
 
