@@ -32,6 +32,7 @@ LOGICAL = {
   "lm_head": (None, "vocab"),
 }
 RULES = {"heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
+KV_HEADS = P(None, None, "tensor")  # a [B, S, K, H] KV cache, as the k/v projections split it
 
 
 class ShardingError(ValueError):
