@@ -168,15 +168,20 @@ def generate(
   prompt_BT = np.zeros((B, bucket), np.int32)
   for i, p in enumerate(ids):
     prompt_BT[i, : len(p)] = p
+  lengths_B = jnp.asarray([len(p) for p in ids], jnp.int32)
+  max_new_B = jnp.full((B,), max_new_tokens, jnp.int32)
+  if mesh is not None:  # every host input replicated over the mesh, as `lower_ahead` lowers it
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), whole)
   xla_env.enable_compile_cache()
   t0 = time.perf_counter()
   with CompileCounter() as built, jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
     st = prefill(
       model.params,
       drafter.params,
-      jnp.asarray(prompt_BT),  # made under the mesh, where it has one: replicated over it
-      jnp.asarray([len(p) for p in ids], jnp.int32),
-      jnp.full((B,), max_new_tokens, jnp.int32),
+      jnp.asarray(prompt_BT),  # made under the mesh (if any), hence replicated over it
+      lengths_B,
+      max_new_B,
       jax.random.key(seed),
       sc,
       slots,
@@ -257,7 +262,7 @@ def lower_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> list:
   xla_env.enable_compile_cache()
   plan = _plan(**args.arguments)
   sc, B = plan.sc, plan.batch
-  # generate makes its inputs under the mesh, which replicates them over it.
+  # Under a mesh, generate's host inputs are replicated over it.
   whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh else None
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=whole)  # noqa: E731
   key = jax.eval_shape(lambda: jax.random.key(0))
