@@ -4,11 +4,11 @@ read from its module name, and the model's params placed by them.
 Column-parallel projections (q, k, v, gate, up, the LM head) split their output features over
 "tensor", row-parallel ones (o, down) their input features, so each device holds whole heads and
 whole MLP columns; norms and the embedding are replicated. The step is the same jitted function:
-XLA's SPMD partitioner inserts the reductions the sharded weights need, and the KV cache follows
-the k/v projections (sharded by kv heads). Drafters stay replicated. NVFP4 and FP8 weights split
-by the same rule, row-parallel ones only where each shard holds whole 16-wide NVFP4 groups; EXL3
-(16 x 16 trellis tiles) and fused projections are refused by name (a tensor mesh loads the
-separate ones).
+XLA's SPMD partitioner inserts the reductions dense weights need (quantized ones run per device
+in specdec.ops.qmatmul's `shard_map`, by `split_of`), and the KV cache follows the k/v
+projections (sharded by kv heads). Drafters stay replicated. NVFP4 and FP8 weights split by the
+same rule, row-parallel ones only where each shard holds whole 16-wide NVFP4 groups; EXL3 (16 x 16
+trellis tiles) and fused projections are refused by name (a tensor mesh loads the separate ones).
 """
 
 import dataclasses
