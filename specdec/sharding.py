@@ -137,17 +137,8 @@ def param_specs(params, config, tensor: int):
 
 def shardings_of(specs, mesh: jax.sharding.Mesh):
   """`NamedSharding`s on `mesh` for a tree of partition specs."""
-  return jax.tree.map(lambda sp: NamedSharding(mesh, sp), specs, is_leaf=_is_spec)
-
-
-def _is_spec(x) -> bool:
-  return isinstance(x, P)
-
-
-def shard_params(params, mesh: jax.sharding.Mesh, config):
-  """params placed on `mesh` by `param_specs` (a copy; the input is left as it was)."""
-  specs = param_specs(params, config, mesh.shape["tensor"])
-  return jax.device_put(params, shardings_of(specs, mesh))
+  is_spec = lambda x: isinstance(x, P)  # noqa: E731
+  return jax.tree.map(lambda sp: NamedSharding(mesh, sp), specs, is_leaf=is_spec)
 
 
 def bytes_per_device(tree) -> int:
