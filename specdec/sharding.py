@@ -4,11 +4,11 @@ read from its module name, and the model's params placed by them.
 Column-parallel projections (q, k, v, gate, up, the LM head) split their output features over
 "tensor", row-parallel ones (o, down) their input features, so each device holds whole heads and
 whole MLP columns; norms and the embedding are replicated. The step is the same jitted function:
-XLA's SPMD partitioner inserts the reductions the sharded weights need, and the KV cache follows
-the k/v projections (sharded by kv heads). Drafters stay replicated. NVFP4 and FP8 weights split
-by the same rule, row-parallel ones only where each shard holds whole 16-wide NVFP4 groups; EXL3
-(16 x 16 trellis tiles) and fused projections are refused by name (a tensor mesh loads the
-separate ones).
+XLA's SPMD partitioner inserts the reductions dense weights need (quantized ones run per device
+in specdec.ops.qmatmul's `shard_map`, by `split_of`), and the KV cache follows the k/v
+projections (sharded by kv heads). Drafters stay replicated. NVFP4 and FP8 weights split by the
+same rule, row-parallel ones only where each shard holds whole 16-wide NVFP4 groups; EXL3 (16 x 16
+trellis tiles) and fused projections are refused by name (a tensor mesh loads the separate ones).
 """
 
 import dataclasses
@@ -32,6 +32,7 @@ LOGICAL = {
   "lm_head": (None, "vocab"),
 }
 RULES = {"heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
+KV_HEADS = P(None, None, "tensor")  # a [B, S, K, H] KV cache, as the k/v projections split it
 
 
 class ShardingError(ValueError):
@@ -64,8 +65,18 @@ def check_divides(config, tensor: int) -> None:
     raise ShardingError(f"tensor={tensor} does not divide {bad} of the model")
 
 
+def split_of(module: str | None) -> str | None:
+  """How the kernel of the Linear named `module` splits over "tensor": "columns" (its output
+  features), "rows" (its input features) or None (replicated)."""
+  axes = LOGICAL.get(module)
+  if axes is None:
+    return None
+  return "rows" if axes[0] else "columns"
+
+
 def spec_of(path: tuple[str, ...], leaf) -> P:
-  """The partition spec of one param by the module that owns it (replicated if none matches)."""
+  """The partition spec of one dense param by the module that owns it (replicated if none
+  matches)."""
   if len(path) >= 2 and path[-2] in LOGICAL:
     axes = LOGICAL[path[-2]]
     if path[-1] == "kernel":
@@ -75,58 +86,59 @@ def spec_of(path: tuple[str, ...], leaf) -> P:
   return P()
 
 
-def _quantized_specs(names, w, tensor: int):
-  """Per-field specs of an NVFP4 / FP8 weight (arrays [N, ...] by output feature n)."""
+def quantized_specs(w, split: str | None, tensor: int, where: str):
+  """`w` with each array field replaced by its partition spec when `w` splits by `split` over
+  `tensor` devices (fields are [N, ...] by output feature n). ShardingError, naming `where` and the
+  degree, for a row split that would cut NVFP4's scale groups and for weight types that do not
+  split (EXL3's 16 x 16 trellis tiles)."""
   from specdec.quant import fp8, nvfp4
 
-  where = "/".join(names)
-  K, N = w.shape
-  axes = LOGICAL.get(names[-2]) if len(names) >= 2 else None
-  rows = axes is not None and axes[0] is not None  # row-parallel: split the input features K
-  cols = axes is not None and axes[1] is not None
+  if tensor == 1 or split is None:
+    return jax.tree.map(lambda _: P(), w)
+  K = w.shape[0]
+  by_n, by_k = P("tensor", None), P(None, "tensor")
   if isinstance(w, nvfp4.NVFP4Weight):
-    if rows and (K // tensor) % nvfp4.GROUP:
+    if split == "rows" and (K % tensor or (K // tensor) % nvfp4.GROUP):
       raise ShardingError(
-        f"{where}: K={K} over tensor={tensor} gives {K // tensor}-wide shards, which split NVFP4's "
-        f"{nvfp4.GROUP}-wide scale groups"
+        f"{where}: K={K} over tensor={tensor} gives {K / tensor:g}-wide shards, which split "
+        f"NVFP4's {nvfp4.GROUP}-wide scale groups"
       )
-    by_n, by_k = P("tensor", None), P(None, "tensor")
-    if cols:
-      return dict(packed_NP=by_n, scales_NG=by_n, global_scale_N=P("tensor"))
-    if rows:
-      return dict(packed_NP=by_k, scales_NG=by_k, global_scale_N=P())
-    return dict(packed_NP=P(), scales_NG=P(), global_scale_N=P())
+    if split == "columns":
+      return dataclasses.replace(w, packed_NP=by_n, scales_NG=by_n, global_scale_N=P("tensor"))
+    return dataclasses.replace(w, packed_NP=by_k, scales_NG=by_k, global_scale_N=P())
   if isinstance(w, fp8.FP8Weight):
-    if cols:
-      return dict(codes_NK=P("tensor", None), scale_N=P("tensor"))
-    return dict(codes_NK=P(None, "tensor") if rows else P(), scale_N=P())
+    if split == "columns":
+      return dataclasses.replace(w, codes_NK=by_n, scale_N=P("tensor"))
+    return dataclasses.replace(w, codes_NK=by_k, scale_N=P())
   raise ShardingError(
     f"{where}: {type(w).__name__} weights cannot be split over tensor={tensor} yet; load the bf16 "
     "model or an NVFP4 / FP8 one"
   )
 
 
-def shard_params(params, mesh: jax.sharding.Mesh, config):
-  """params placed on `mesh` by `spec_of` (a copy; the input is left as it was)."""
-  tensor = mesh.shape["tensor"]
+def param_specs(params, config, tensor: int):
+  """The partition spec of every param over a mesh with `tensor` devices on its tensor axis: a
+  tree like `params` (a quantized weight's fields each get theirs). ShardingError for shapes that
+  do not split; nothing is placed or compiled."""
   check_divides(config, tensor)
 
-  def place(path, leaf):
+  def spec(path, leaf):
     names = tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
-    if not isinstance(leaf, jax.Array | np.ndarray):
-      if tensor == 1:
-        return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P())), leaf)
-      specs = _quantized_specs(names, leaf, tensor)
-      put = {
-        f: jax.device_put(getattr(leaf, f), NamedSharding(mesh, sp)) for f, sp in specs.items()
-      }
-      return dataclasses.replace(leaf, **put)
     if any(n in ("qkv_proj", "gate_up_proj") for n in names) and tensor > 1:
       raise ShardingError(f"{'/'.join(names)}: fused projections cannot be split; load unfused")
-    return jax.device_put(leaf, NamedSharding(mesh, spec_of(names, leaf)))
+    if isinstance(leaf, jax.Array | np.ndarray):
+      return spec_of(names, leaf)
+    module = names[-2] if len(names) >= 2 else None
+    return quantized_specs(leaf, split_of(module), tensor, "/".join(names))
 
   is_leaf = lambda x: not isinstance(x, dict)  # noqa: E731 (quantized weights are one leaf each)
-  return jax.tree_util.tree_map_with_path(place, params, is_leaf=is_leaf)
+  return jax.tree_util.tree_map_with_path(spec, params, is_leaf=is_leaf)
+
+
+def shardings_of(specs, mesh: jax.sharding.Mesh):
+  """`NamedSharding`s on `mesh` for a tree of partition specs."""
+  is_spec = lambda x: isinstance(x, P)  # noqa: E731
+  return jax.tree.map(lambda sp: NamedSharding(mesh, sp), specs, is_leaf=is_spec)
 
 
 def bytes_per_device(tree) -> int:
@@ -153,8 +165,11 @@ def tensor_size(tree) -> int:
 
 
 def on_mesh(model, mesh: jax.sharding.Mesh):
-  """`model` with its params on `mesh` (itself when they already are)."""
-  leaf = jax.tree.leaves(model.params)[0]
-  if isinstance(getattr(leaf, "sharding", None), NamedSharding) and leaf.sharding.mesh == mesh:
+  """`model` with its params on `mesh` by `param_specs` (itself when every param already is
+  placed so: a target quantized after it was placed is placed again)."""
+  specs = param_specs(model.params, model.config, mesh.shape["tensor"])
+  want = jax.tree.leaves(shardings_of(specs, mesh))
+  have = [getattr(x, "sharding", None) for x in jax.tree.leaves(model.params)]
+  if all(isinstance(h, NamedSharding) and h == w for h, w in zip(have, want, strict=True)):
     return model
-  return dataclasses.replace(model, params=shard_params(model.params, mesh, model.config))
+  return dataclasses.replace(model, params=jax.device_put(model.params, shardings_of(specs, mesh)))

@@ -170,13 +170,16 @@ def generate(
     prompt_BT[i, : len(p)] = p
   lengths_B = jnp.asarray([len(p) for p in ids], jnp.int32)
   max_new_B = jnp.full((B,), max_new_tokens, jnp.int32)
+  if mesh is not None:  # every host input replicated over the mesh, as `lower_ahead` lowers it
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), whole)
   xla_env.enable_compile_cache()
   t0 = time.perf_counter()
   with CompileCounter() as built, jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
     st = prefill(
       model.params,
       drafter.params,
-      jnp.asarray(prompt_BT),
+      jnp.asarray(prompt_BT),  # made under the mesh (if any), hence replicated over it
       lengths_B,
       max_new_B,
       jax.random.key(seed),
@@ -184,6 +187,8 @@ def generate(
       slots,
       reject=mode == "reject",
     )
+    if mesh is not None:
+      st = jax.device_put(st, _state_shardings(st, mesh))
     done = np.asarray(st.done)
     t1 = time.perf_counter()
     host_syncs = 1
@@ -251,21 +256,36 @@ def lower_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> list:
   args = inspect.signature(generate).bind(model, prompts, max_new_tokens, **kw)
   args.apply_defaults()
   args.arguments.pop("seed")  # a traced value: every seed shares the executables
-  if args.arguments.pop("mesh") is not None:
-    raise ValueError(
-      "lower_ahead: a mesh is not supported yet; compile under it by calling generate"
-    )
+  mesh = args.arguments.pop("mesh")
+  if mesh is not None:
+    model = args.arguments["model"] = sharding.on_mesh(model, mesh)
   xla_env.enable_compile_cache()
   plan = _plan(**args.arguments)
   sc, B = plan.sc, plan.batch
-  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+  # Under a mesh, generate's host inputs are replicated over it.
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh else None
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=whole)  # noqa: E731
   key = jax.eval_shape(lambda: jax.random.key(0))
+  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=whole)
   inputs = (model.params, sc.drafter.params, i32(B, plan.bucket), i32(B), i32(B), key)
-  st = jax.eval_shape(functools.partial(prefill, sc=sc, slots=plan.slots), *inputs)
-  return [
-    prefill_fields.lower(*inputs, sc.for_prefill, plan.slots),
-    decode_chunk.lower(model.params, sc.drafter.params, st, sc, CHUNK_STEPS),
-  ]
+  with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
+    st = jax.eval_shape(functools.partial(prefill, sc=sc, slots=plan.slots), *inputs)
+    if mesh is not None:  # where `generate` puts its prefilled state
+      on = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+      st = jax.tree.map(on, st, _state_shardings(st, mesh))
+    return [
+      prefill_fields.lower(*inputs, sc.for_prefill, plan.slots),
+      decode_chunk.lower(model.params, sc.drafter.params, st, sc, CHUNK_STEPS),
+    ]
+
+
+def _state_shardings(st, mesh):
+  """Where the decode state lives under `mesh`: the target's KV cache by kv heads (as the k/v
+  projections split it), every other field replicated. `generate` puts its prefilled state there
+  and `lower_ahead` lowers the decode chunk for it, so the two share one executable."""
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  by_kv = jax.sharding.NamedSharding(mesh, sharding.KV_HEADS)
+  return jax.tree.map(lambda _: whole, st).replace(cache=jax.tree.map(lambda _: by_kv, st.cache))
 
 
 def compile_lowered(lowered) -> CompileCounter:

@@ -94,12 +94,14 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
       mesh = sharding.make_mesh(tensor=cfg.tensor_parallel, devices=jax.local_devices())
     except sharding.ShardingError as e:
       raise SweepError(f"config.tensor_parallel={cfg.tensor_parallel}: {e}") from e
-    workers = 0  # compiled in the cells: lowering ahead does not take a mesh yet
   runners = []
   for device in devices:  # each device holds its own copy of every model
     with jax.default_device(device):
       runners.append(sweep.Runner(cfg, *load_models(cfg, dtype, mesh), mesh))
   runner = runners[0]
+  if mesh is not None:  # each target format quantized and placed before anything compiles
+    for fmt in cfg.target_formats:
+      runner.target_for(fmt)
   max_positions = runner.target.config.max_position_embeddings
   sweep.validate(cfg, cells, max_positions, runner.longest_prompt, runner.check_memory)
   results.write_config(out, {**cfg.to_dict(), "checkpoint_fingerprints": prints})

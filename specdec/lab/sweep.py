@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec
-from specdec import metrics
+from specdec import metrics, sharding
 from specdec.checkpoint.zoo import resolve_path
 from specdec.data import workload as workload_lib
 from specdec.decoding import memory
@@ -177,11 +177,6 @@ def validate(
   tp = cfg.get("tensor_parallel", 1)
   if not isinstance(tp, int) or tp < 1:
     raise SweepError(f"config.tensor_parallel={tp!r}: must be an int >= 1")
-  if tp > 1 and tuple(cfg.target_formats) != ("bf16",):
-    raise SweepError(
-      f"config.tensor_parallel={tp} with target_formats={tuple(cfg.target_formats)}: quantized "
-      "targets are not split over a mesh yet; use ('bf16',)"
-    )
   try:
     memory.check_fraction(cfg.memory_fraction)
   except ValueError as e:
@@ -367,9 +362,6 @@ class Runner:
     """The (model, prompts, keyword arguments) of the cell's generate call."""
     t = cell.temperature if temperature is None else temperature
     name = drafter_name or cell.method
-    if cell.target_format not in self._targets:
-      fmt = cell.target_format
-      self._targets[fmt] = self.target if fmt == "bf16" else quantized(self.target, fmt)
     kw = dict(
       max_new_tokens=self.cfg.max_new_tokens, temperature=t, top_k=cell.top_k if t else 0,
       top_p=cell.top_p if t else 1.0, seed=seed, drafter=self.drafters[name],
@@ -380,7 +372,21 @@ class Runner:
     )  # fmt: skip
     if self.mesh is not None:
       kw["mesh"] = self.mesh
-    return self._targets[cell.target_format], ids, kw
+    return self.target_for(cell.target_format), ids, kw
+
+  def target_for(self, fmt: str):
+    """The target that decodes cells of target format `fmt`, quantized once; under a mesh placed
+    on it, where a shape the mesh cannot split is a SweepError before anything compiles."""
+    if fmt not in self._targets:
+      target = self.target if fmt == "bf16" else quantized(self.target, fmt)
+      if self.mesh is not None:
+        try:
+          target = sharding.on_mesh(target, self.mesh)
+        except sharding.ShardingError as e:
+          tp = self.mesh.shape["tensor"]
+          raise SweepError(f"config.tensor_parallel={tp} with target format {fmt!r}: {e}") from e
+      self._targets[fmt] = target
+    return self._targets[fmt]
 
   def _generate(self, cell: Cell, ids, seed, drafter_name=None, temperature=None, acceptance=None):
     model, ids, kwargs = self._call(cell, ids, seed, drafter_name, temperature, acceptance)

@@ -22,6 +22,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specdec import sharding
 from specdec.models.config import ModelConfig
 from specdec.models.rope import apply_rope, inv_freq_and_scale
 from specdec.ops.attention import attend
@@ -83,7 +84,7 @@ class Linear(nn.Module):
       w = self.get_variable("params", "kernel")
     else:
       w = self.param("kernel", nn.initializers.normal(0.02), (x.shape[-1], self.features))
-    y = matmul(x, w)
+    y = matmul(x, w, split=sharding.split_of(self.name))
     if self.use_bias:
       y = y + self.param("bias", nn.initializers.zeros, (self.features,)).astype(y.dtype)
     return y

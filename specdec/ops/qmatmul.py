@@ -11,22 +11,30 @@ quantized type at once (tokamax's `implementation=` idea):
   "mosaic"  the kernel, on whatever shape it is given (its own checks raise where it cannot run)
 
 The kernels (kernels_pallas) know nothing of this choice: each offers its matmul and `check_shape`.
+
+Under a context mesh (`jax.set_mesh`) with a "tensor" axis > 1, a quantized matmul runs per device
+over its shard of the weight inside `shard_map` (`by_tensor`), whichever path it takes there: a
+Pallas call is opaque to XLA's partitioner, which would gather the whole weight on every device.
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from kernels_pallas import exl3_gemv, fp8_gemv, nvfp4_gemv
+from specdec import sharding
 from specdec.quant.base import QuantizedWeight
 from specdec.quant.exl3 import EXL3Weight
 from specdec.quant.fp8 import FP8Weight
 from specdec.quant.nvfp4 import NVFP4Weight
 
 IMPLEMENTATIONS = (None, "mosaic", "xla")
+SPLITS = (None, "columns", "rows")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,19 +53,29 @@ KERNELS: dict[type, Kernel] = {
 }
 
 
-def matmul(x: jax.Array, w, *, implementation: str | None = None) -> jax.Array:
+def matmul(
+  x: jax.Array, w, *, implementation: str | None = None, split: str | None = None
+) -> jax.Array:
   """x [..., in] @ w (in, out) -> [..., out], in x's dtype; `implementation` as in the module
-  docstring (a dense w has no kernel: None and "xla" are its einsum)."""
+  docstring (a dense w has no kernel: None and "xla" are its einsum, which XLA partitions).
+  split: how w is split over a tensor axis ("columns", "rows" or None: `sharding.split_of` of
+  the layer's name), which `by_tensor` follows for a quantized w."""
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
       f"unknown implementation {implementation!r}; expected one of {IMPLEMENTATIONS}"
     )
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
   if not isinstance(w, QuantizedWeight):
     if implementation == "mosaic":
       raise ValueError(
         "implementation='mosaic' needs a quantized weight; a dense one has no kernel"
       )
     return jnp.einsum("...i,io->...o", x, w.astype(x.dtype))
+  return by_tensor(functools.partial(_quantized, implementation=implementation), w, split)(x, w)
+
+
+def _quantized(x: jax.Array, w: QuantizedWeight, implementation: str | None) -> jax.Array:
   if implementation == "mosaic" or (implementation is None and uses_kernel(x, w)):
     kernel = KERNELS.get(type(w))
     if kernel is None:
@@ -65,6 +83,32 @@ def matmul(x: jax.Array, w, *, implementation: str | None = None) -> jax.Array:
     y_MN = kernel.matmul(x.reshape(-1, x.shape[-1]), w)
     return y_MN.reshape(*x.shape[:-1], y_MN.shape[-1]).astype(x.dtype)
   return xla_matmul(x, w).astype(x.dtype)
+
+
+def by_tensor(fn, w: QuantizedWeight, split: str | None):
+  """`fn(x, w)` run per device over its shard of w when the context mesh has a "tensor" axis > 1
+  and `split` says how w is split: "columns" gives each device its output features (no
+  reduction, y split by them), "rows" its input features and x's matching slice (the partial
+  outputs summed in f32 by a psum, y replicated). Otherwise fn as is."""
+  mesh = jax.sharding.get_abstract_mesh()
+  tensor = 1 if mesh.empty else mesh.shape.get("tensor", 1)
+  if tensor == 1 or split is None:
+    return fn
+  w_specs = sharding.quantized_specs(w, split, tensor, f"a {split}-split {type(w).__name__}")
+
+  def sharded(x, w):
+    by_last = P(*(None,) * (x.ndim - 1), "tensor")
+    if split == "columns":
+      body, x_spec, y_spec = fn, P(), by_last
+    else:
+      body = lambda x, w: jax.lax.psum(fn(x, w).astype(jnp.float32), "tensor")  # noqa: E731
+      x_spec, y_spec = by_last, P()
+    run = jax.shard_map(
+      body, mesh=mesh, in_specs=(x_spec, w_specs), out_specs=y_spec, check_vma=False
+    )
+    return run(x, w).astype(x.dtype)
+
+  return sharded
 
 
 def uses_kernel(x: jax.Array, w: QuantizedWeight) -> bool:

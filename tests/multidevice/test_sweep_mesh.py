@@ -20,11 +20,25 @@ def _outputs(out):
   }
 
 
-def test_tensor_parallel_sweep_matches_the_single_device_sweep(tmp_path):
+def test_tensor_parallel_sweep_matches_the_single_device_sweep(tmp_path, capsys):
   driver.run(small_config(), str(tmp_path / "one"), progress=False)
   driver.run(small_config(tensor_parallel=2), str(tmp_path / "tp2"), progress=False)
   one, tp2 = _outputs(tmp_path / "one"), _outputs(tmp_path / "tp2")
   assert one == tp2 and len(one) == 6 and all(ok for _, ok in one.values())
+  # Compiled ahead under the mesh: the timed calls build nothing.
+  rows = results.load_rows(tmp_path / "tp2" / results.RESULTS_NAME)
+  assert {c["compiles"] for r in rows for c in r["extra"]["calls"] if c["timed"]} == {0}
+  assert "compiled ahead 0 executables" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_a_quantized_target_sweeps_over_a_tensor_axis_with_its_gates_passed(tmp_path, fmt):
+  cfg = dict(target_formats=(fmt,))
+  driver.run(small_config(**cfg), str(tmp_path / "one"), progress=False)
+  driver.run(small_config(tensor_parallel=2, **cfg), str(tmp_path / "tp2"), progress=False)
+  one, tp2 = _outputs(tmp_path / "one"), _outputs(tmp_path / "tp2")
+  assert len(tp2) == 6 and all(ok for _, ok in tp2.values())
+  assert tp2 == one
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -41,9 +55,9 @@ def test_cells_spread_over_local_devices_match_the_single_device_sweep(tmp_path,
 def test_a_mesh_the_target_cannot_split_over_is_one_clear_error(tmp_path):
   with pytest.raises(SweepError, match="config.tensor_parallel=3: tensor=3 does not divide"):
     driver.run(small_config(tensor_parallel=3), str(tmp_path / "tp3"), progress=False)
-  with pytest.raises(SweepError, match="quantized targets are not split"):
+  with pytest.raises(SweepError, match="config.tensor_parallel=2 with target format 'exl3_4'"):
     driver.run(
-      small_config(tensor_parallel=2, target_formats=("bf16", "fp8")), str(tmp_path / "q"), False
+      small_config(tensor_parallel=2, target_formats=("fp8", "exl3_4")), str(tmp_path / "q"), False
     )
   with pytest.raises(SweepError, match=r"config.devices=5: must be an int in \[1, 4\]"):
     driver.run(small_config(devices=5), str(tmp_path / "d5"), progress=False)

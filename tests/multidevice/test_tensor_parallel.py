@@ -137,3 +137,21 @@ def test_the_attention_kernel_runs_per_device_over_its_own_heads():
     assert by_heads(kernel) is not kernel
   assert by_heads(kernel) is kernel  # no mesh: the kernel as is
   np.testing.assert_allclose(got, attend_xla(q, k, v, pos), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_compiled_ahead_under_a_mesh_the_run_builds_nothing_more(model, fmt):
+  from specdec.decoding import generate as generate_lib
+  from specdec.quant.apply import quantize_model
+
+  target = model if fmt == "bf16" else quantize_model(model, fmt)
+  mesh = sharding.make_mesh(tensor=2)
+  kw = dict(drafter=ngram(), k=5, min_bucket=32, seed=7, mesh=mesh)
+  # 40 new tokens: 128 cache slots, other executables; it builds the small eager ops of a run.
+  specdec.generate(target, PROMPTS, max_new_tokens=40, **kw)
+  built = generate_lib.compile_ahead(target, PROMPTS, max_new_tokens=13, **kw)  # 64 slots
+  assert built.count >= 2  # the prefill and the decode chunk
+  got = specdec.generate(target, PROMPTS, max_new_tokens=13, **kw)
+  assert got.stats["compiles"] == 0
+  kw.pop("mesh")
+  assert got.tokens == specdec.generate(target, PROMPTS, max_new_tokens=13, **kw).tokens
