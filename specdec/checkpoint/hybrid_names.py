@@ -3,7 +3,8 @@
 The attention, dense-MLP, norm, embedding and head tensors go through `names.NAME_TABLE`; this
 adds the Gated DeltaNet, router and shared-expert rows, and stacks the per-expert matrices
 `model.layers.{i}.mlp.experts.{j}.{gate,up,down}_proj.weight` into one (in, out) array per layer
-and projection, [I, D, F] or [I, F, D], checking that experts 0 .. I-1 are all there.
+and projection, [I, D, F] or [I, F, D], checking that experts 0 .. I-1 are all there. The
+same rows name the Qwen3-Next MTP head's layer under `mtp.layers.0.` (specdec.drafters.mtp).
 """
 
 import re
@@ -27,7 +28,7 @@ HYBRID_TABLE: tuple[tuple[str, str, bool], ...] = (
   (_L + r"mlp\.shared_expert_gate\.weight", "layer_{0}/mlp/shared_expert_gate/kernel", True),
 )  # fmt: skip
 _COMPILED = tuple((re.compile(p + r"\Z"), t, tr) for p, t, tr in HYBRID_TABLE)
-_EXPERT = re.compile(_L + r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight\Z")
+_EXPERT = r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight\Z"
 STACKED = "stacked:"  # the prefix of the names `stack_experts` gives the arrays it builds
 
 
@@ -45,11 +46,23 @@ def to_path(hf_name: str) -> tuple[str, bool] | None:
   return None
 
 
-def stack_experts(arrays: dict, files: dict, config: HybridConfig) -> tuple[dict, dict]:
-  """(arrays, files) with each layer's per-expert matrices replaced by their (in, out) stack."""
+def to_hf_name(path: str) -> tuple[str, bool]:
+  """params path -> (HF name, transpose), the inverse of `to_path` for unstacked tensors."""
+  try:
+    return names.to_hf_name(path)
+  except KeyError:
+    return names.to_hf_name(path, HYBRID_TABLE)
+
+
+def stack_experts(
+  arrays: dict, files: dict, config: HybridConfig, prefix: str = "model."
+) -> tuple[dict, dict]:
+  """(arrays, files) with each layer's per-expert matrices replaced by their (in, out) stack;
+  prefix: what precedes `layers.{i}.` in the names (`mtp.` for the MTP head's layer)."""
+  expert = re.compile(re.escape(prefix) + _EXPERT)
   groups: dict[tuple[int, str], dict[int, str]] = {}
   for name in arrays:
-    m = _EXPERT.match(name)
+    m = expert.match(name)
     if m:
       groups.setdefault((int(m[1]), m[3]), {})[int(m[2])] = name
   arrays, files = dict(arrays), dict(files)
