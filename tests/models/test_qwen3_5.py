@@ -4,10 +4,12 @@ DeltaNet projections regrouped into Qwen3-Next's (parity: test_hybrid_golden.py'
 import os
 import shutil
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specdec
+from specdec.checkpoint.safetensors_io import read_tensors
 from specdec.models.config import ConfigError, from_hf_dict
 from tests.checkpoint.test_loader_errors import _edit_tensors, _fails
 from tests.helpers import hybrid_hf_dict
@@ -52,9 +54,7 @@ def ckpt(tmp_path):
 
 
 def test_split_projections_regroup_by_key_head(ckpt):
-  from specdec.checkpoint.safetensors_io import read_tensors
-
-  model = specdec.load(ckpt)
+  model = specdec.load(ckpt, dtype=jnp.float32)
   raw = read_tensors(os.path.join(ckpt, "model.safetensors"))
   c = model.config
   Q, Y, H, U = (
@@ -83,3 +83,10 @@ def test_a_mis_shaped_split_projection_is_named(ckpt):
 
   _edit_tensors(ckpt, edit)
   _fails(ckpt, "'model.layers.2.linear_attn.in_proj_z.weight' has shape (40, 32)", "(48, 32)")
+
+
+def test_golden_parity_covers_both_qwen3_5_models():
+  from tests.models.test_hybrid_golden import FIXTURES, _load
+
+  kinds = {_load(n).config.model_type for n in FIXTURES}
+  assert {"qwen3_5_text", "qwen3_5_moe_text"} <= kinds
