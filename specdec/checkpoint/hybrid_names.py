@@ -3,7 +3,10 @@
 The attention, dense-MLP, norm, embedding and head tensors go through `names.NAME_TABLE`; this
 adds the Gated DeltaNet, router and shared-expert rows, and stacks the per-expert matrices
 `model.layers.{i}.mlp.experts.{j}.{gate,up,down}_proj.weight` into one (in, out) array per layer
-and projection, [I, D, F] or [I, F, D], checking that experts 0 .. I-1 are all there.
+and projection, [I, D, F] or [I, F, D], checking that experts 0 .. I-1 are all there. The
+same rows name the Qwen3-Next MTP head's layer under `mtp.layers.0.` (specdec.drafters.mtp).
+Qwen3.5 splits the Gated DeltaNet input projections; `fuse_split_gdn` regroups them into
+Qwen3-Next's two.
 """
 
 import re
@@ -12,7 +15,7 @@ import numpy as np
 
 from specdec.checkpoint import names
 from specdec.checkpoint.safetensors_io import CheckpointError
-from specdec.models.config import HybridConfig
+from specdec.models.config import QWEN3_5, HybridConfig
 
 _L = r"model\.layers\.(\d+)\."
 _LIN = "layer_{0}/linear_attn/"
@@ -27,7 +30,8 @@ HYBRID_TABLE: tuple[tuple[str, str, bool], ...] = (
   (_L + r"mlp\.shared_expert_gate\.weight", "layer_{0}/mlp/shared_expert_gate/kernel", True),
 )  # fmt: skip
 _COMPILED = tuple((re.compile(p + r"\Z"), t, tr) for p, t, tr in HYBRID_TABLE)
-_EXPERT = re.compile(_L + r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight\Z")
+_EXPERT = r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight\Z"
+_SPLIT_GDN = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 STACKED = "stacked:"  # the prefix of the names `stack_experts` gives the arrays it builds
 
 
@@ -45,11 +49,23 @@ def to_path(hf_name: str) -> tuple[str, bool] | None:
   return None
 
 
-def stack_experts(arrays: dict, files: dict, config: HybridConfig) -> tuple[dict, dict]:
-  """(arrays, files) with each layer's per-expert matrices replaced by their (in, out) stack."""
+def to_hf_name(path: str) -> tuple[str, bool]:
+  """params path -> (HF name, transpose), the inverse of `to_path` for unstacked tensors."""
+  try:
+    return names.to_hf_name(path)
+  except KeyError:
+    return names.to_hf_name(path, HYBRID_TABLE)
+
+
+def stack_experts(
+  arrays: dict, files: dict, config: HybridConfig, prefix: str = "model."
+) -> tuple[dict, dict]:
+  """(arrays, files) with each layer's per-expert matrices replaced by their (in, out) stack;
+  prefix: what precedes `layers.{i}.` in the names (`mtp.` for the MTP head's layer)."""
+  expert = re.compile(re.escape(prefix) + _EXPERT)
   groups: dict[tuple[int, str], dict[int, str]] = {}
   for name in arrays:
-    m = _EXPERT.match(name)
+    m = expert.match(name)
     if m:
       groups.setdefault((int(m[1]), m[3]), {})[int(m[2])] = name
   arrays, files = dict(arrays), dict(files)
@@ -76,4 +92,44 @@ def stack_experts(arrays: dict, files: dict, config: HybridConfig) -> tuple[dict
     stacked = np.stack([arrays.pop(by_expert[j]).T for j in sorted(want)])
     key = f"{STACKED}layer_{layer}/mlp/experts/{proj}_proj"
     arrays[key], files[key] = stacked, files[first]
+  return arrays, files
+
+
+def fuse_split_gdn(arrays: dict, files: dict, config: HybridConfig) -> tuple[dict, dict]:
+  """(arrays, files) with Qwen3.5's in_proj_{qkv, z, b, a} of each linear layer replaced by the
+  Qwen3-Next in_proj_qkvz / in_proj_ba they regroup into: per key head i, [q_i, k_i, v and z of
+  its r value heads] and [b, a of those heads]. Qwen3.5's conv runs over [q, k, v] as Qwen3-Next's
+  does, so conv1d is unchanged. Each missing or mis-shaped piece is named."""
+  if config.model_type not in QWEN3_5:
+    return arrays, files
+  Q, Y = config.linear_num_key_heads, config.linear_num_value_heads
+  H, U, D = config.linear_key_head_dim, config.linear_value_head_dim, config.hidden_size
+  r = Y // Q
+  want = dict(zip(_SPLIT_GDN, ((2 * Q * H + Y * U, D), (Y * U, D), (Y, D), (Y, D)), strict=True))
+  arrays, files = dict(arrays), dict(files)
+  for layer in config.linear_layers:
+    prefix = f"model.layers.{layer}.linear_attn."
+    parts = {}
+    for piece, shape in want.items():
+      name = prefix + piece + ".weight"
+      if name not in arrays:
+        raise CheckpointError(f"missing tensor {name!r} (a {config.model_type} linear layer)")
+      if arrays[name].shape != shape:
+        raise CheckpointError(
+          f"{files[name]}: tensor {name!r} has shape {arrays[name].shape}, expected {shape} "
+          "from config.json"
+        )
+      parts[piece] = arrays.pop(name)
+      file = files.pop(name)
+    qkv = parts["in_proj_qkv"]
+    q_QHD = qkv[: Q * H].reshape(Q, H, D)
+    k_QHD = qkv[Q * H : 2 * Q * H].reshape(Q, H, D)
+    v_QXD = qkv[2 * Q * H :].reshape(Q, r * U, D)
+    z_QXD = parts["in_proj_z"].reshape(Q, r * U, D)
+    qkvz = np.concatenate([q_QHD, k_QHD, v_QXD, z_QXD], 1).reshape(-1, D)
+    ba = np.concatenate(
+      [parts["in_proj_b"].reshape(Q, r, D), parts["in_proj_a"].reshape(Q, r, D)], 1
+    ).reshape(-1, D)
+    for piece, array in (("in_proj_qkvz", qkvz), ("in_proj_ba", ba)):
+      arrays[prefix + piece + ".weight"], files[prefix + piece + ".weight"] = array, file
   return arrays, files

@@ -133,6 +133,7 @@ def read_params(
   hybrid = isinstance(config, HybridConfig)
   if hybrid:
     arrays, files = hybrid_names.stack_experts(arrays, files, config)
+    arrays, files = hybrid_names.fuse_split_gdn(arrays, files, config)
   found: dict = {}
   consumed: set[str] = set()
   if reader is not None:

@@ -42,9 +42,10 @@ def to_path(hf_name: str) -> tuple[str, bool] | None:
   return None
 
 
-def to_hf_name(path: str) -> tuple[str, bool]:
-  """params path -> (HF name, transpose): the writer's direction of the same table."""
-  for pattern, template, transpose in NAME_TABLE:
+def to_hf_name(path: str, table=NAME_TABLE) -> tuple[str, bool]:
+  """params path -> (HF name, transpose): the writer's direction of the same table (or of
+  another table of rows in its form)."""
+  for pattern, template, transpose in table:
     groups = re.findall(r"\(([^)]*)\)", pattern)
     regex = re.escape(template)
     for i, g in enumerate(groups):
@@ -55,7 +56,7 @@ def to_hf_name(path: str) -> tuple[str, bool]:
       for value in m.groups():
         name = re.sub(r"\([^)]*\)", value, name, count=1)
       return name.replace("\\.", "."), transpose
-  raise KeyError(f"params path {path!r} has no HF name in NAME_TABLE")
+  raise KeyError(f"params path {path!r} has no HF name in its name table")
 
 
 def is_ignored(hf_name: str) -> bool:

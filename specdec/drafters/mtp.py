@@ -10,7 +10,9 @@ residual stream (deepseek_mtp.py). See `heads.py` for pairing, caching and rollb
 
 Checkpoint layouts (one MTP layer; the decoder layer uses the target family's tensor names):
   qwen3_next   mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0.*,
-               mtp.norm; norm weights stored zero-centred (its RMSNorm computes x * (1 + w))
+               mtp.norm; norm weights stored zero-centred (its RMSNorm computes x * (1 + w)).
+               Over a hybrid target the layer is the family's own (`qwen3_next_mtp.py`): gated
+               attention, routed experts where the target's rule puts them at layer 0
   deepseek_v3  model.layers.{L}.{eh_proj, enorm, hnorm, shared_head.norm, <decoder layer>}, L the
                target's layer count; its embed_tokens / shared_head.head copies are not read
   speculators  mtp_layers.0.{input_proj, token_layernorm, hidden_layernorm, final_layernorm,
@@ -31,9 +33,13 @@ import jax
 import jax.numpy as jnp
 
 from specdec.checkpoint import names as target_names
+from specdec.checkpoint.hybrid_names import to_hf_name as hybrid_hf_name
 from specdec.checkpoint.safetensors_io import CheckpointError, checkpoint_files
-from specdec.drafters import heads, speculators
-from specdec.models.config import ModelConfig, to_hf_dict
+from specdec.drafters import heads, qwen3_next_mtp, speculators
+from specdec.models import stack
+from specdec.models.config import HybridConfig, ModelConfig, to_hf_dict
+from specdec.models.hybrid import HybridBlock
+from specdec.models.hybrid_layers import ZeroCentredRMSNorm
 from specdec.models.transformer import Block, KVCache, Linear, RMSNorm, Transformer
 
 LAYOUTS = ("qwen3_next", "deepseek_v3", "speculators")
@@ -89,11 +95,13 @@ class MTPHead(nn.Module):
 
   def setup(self):
     c = self.config
-    self.pre_fc_norm_embedding = RMSNorm(c.rms_norm_eps)
-    self.pre_fc_norm_hidden = RMSNorm(c.rms_norm_eps)
+    hybrid = isinstance(c, HybridConfig)
+    norm = ZeroCentredRMSNorm if hybrid and c.norm_plus_one else RMSNorm
+    self.pre_fc_norm_embedding = norm(c.rms_norm_eps)
+    self.pre_fc_norm_hidden = norm(c.rms_norm_eps)
     self.fc = Linear(c.hidden_size)
-    self.layer_0 = Block(c)
-    self.norm = RMSNorm(c.rms_norm_eps)
+    self.layer_0 = HybridBlock(qwen3_next_mtp.layer_config(c), 0) if hybrid else Block(c)
+    self.norm = norm(c.rms_norm_eps)
 
   def __call__(self, emb_BTD, h_BTD, positions_BT, cache: KVCache):
     """-> (pre-norm output, post-norm output, cache)."""
@@ -102,7 +110,11 @@ class MTPHead(nn.Module):
     e_BTD = self.pre_fc_norm_embedding(emb_BTD)
     h_BTD = self.pre_fc_norm_hidden(h_BTD.astype(emb_BTD.dtype))
     x_BTD = self.fc(jnp.concatenate([e_BTD, h_BTD], -1))
-    x_BTD, k_BSKH, v_BSKH = self.layer_0(x_BTD, positions_BT, cache.k[0], cache.v[0])
+    kv = (cache.k[0], cache.v[0])
+    if isinstance(self.config, HybridConfig):
+      x_BTD, (k_BSKH, v_BSKH) = self.layer_0(x_BTD, positions_BT, kv, None)
+    else:
+      x_BTD, k_BSKH, v_BSKH = self.layer_0(x_BTD, positions_BT, *kv)
     return x_BTD, self.norm(x_BTD), KVCache(k=(k_BSKH,), v=(v_BSKH,))
 
   def final_norm(self, x_BTD):
@@ -138,7 +150,7 @@ class MTP(heads.ChainedHead):
 
   @property
   def target_module(self) -> Transformer:
-    return Transformer(self.head_config, self.dtype)
+    return stack.decoder(self.head_config, self.dtype)
 
   def validate(self, target_config, k, slots):
     mine, theirs = self.head_config, target_config
@@ -199,10 +211,13 @@ def tensor_names(config: ModelConfig, layout: str) -> dict[str, tuple[str, bool]
   shapes = _shapes(config)
   prefix = _PREFIX.get(layout, f"model.layers.{config.num_layers}.")
   layer_prefix = _LAYER_PREFIX.get(layout, prefix)
+  hybrid = isinstance(config, HybridConfig)
   out = {}
   for path in shapes:
+    if qwen3_next_mtp.is_stacked(path):
+      continue  # one tensor per expert: `qwen3_next_mtp.read_experts`
     if path.startswith("layer_0/"):
-      name, transpose = target_names.to_hf_name(path)
+      name, transpose = (hybrid_hf_name if hybrid else target_names.to_hf_name)(path)
       out[path] = (layer_prefix + name.removeprefix("model.layers.0."), transpose)
     else:
       name, transpose = heads.hf_style_name(path)
@@ -266,8 +281,9 @@ def _check_speculators(d: dict, file: str, target_config: ModelConfig) -> None:
       )
 
 
-def _norms_stored_zero_centred(layout: str) -> bool:
-  return layout == "qwen3_next"
+def _norms_stored_zero_centred(layout: str, config: ModelConfig) -> bool:
+  """Whether the stored norm weights are w of x * (1 + w) while our module computes x * w."""
+  return layout == "qwen3_next" and not getattr(config, "norm_plus_one", False)
 
 
 def detect_layout(path: str, target_config: ModelConfig) -> MTPConfig:
@@ -298,14 +314,29 @@ def load_mtp(path: str, target, config: MTPConfig | None = None) -> MTP:
     raise CheckpointError(
       f"{file}: {n} MTP layers; only checkpoints with one MTP layer are supported"
     )
+  if d.get("mtp_use_dedicated_embeddings"):
+    raise CheckpointError(
+      f"{file}: mtp_use_dedicated_embeddings is true; only heads that share the target's "
+      "embedding are supported"
+    )
   extras = ()
-  if config.layout == "deepseek_v3":  # DeepSeek stores copies of the shared tensors per layer
+  if isinstance(c, HybridConfig):
+    if config.layout != "qwen3_next":
+      raise CheckpointError(
+        f"{path}: a {config.layout} MTP head over a {c.model_type} target; only the "
+        "qwen3_next layout (mtp.*) is supported for hybrid targets"
+      )
+    extras = qwen3_next_mtp.expert_names(c)
+  elif config.layout == "deepseek_v3":  # DeepSeek stores copies of the shared tensors per layer
     prefix = f"model.layers.{c.num_layers}."
     extras = (prefix + "embed_tokens.weight", prefix + "shared_head.head.weight")
-  flat, _ = heads.read_head(
-    path, tensor_names(c, config.layout), _shapes(c), _owned(c, config.layout), extras
+  shapes = _shapes(c)
+  flat, found = heads.read_head(
+    path, tensor_names(c, config.layout), shapes, _owned(c, config.layout), extras
   )
-  if _norms_stored_zero_centred(config.layout):
+  if isinstance(c, HybridConfig):
+    flat.update(qwen3_next_mtp.read_experts(path, found, c, shapes))
+  if _norms_stored_zero_centred(config.layout, c):
     flat = {p: v + 1.0 if p.endswith("/scale") else v for p, v in flat.items()}
   return mtp(target, heads.as_params(flat, target.dtype), config=config)
 
@@ -313,10 +344,15 @@ def load_mtp(path: str, target, config: MTPConfig | None = None) -> MTP:
 def save_mtp(path: str, drafter: MTP, dtype=None) -> None:
   """Writes the head in its published layout (model.safetensors) with a config.json that records
   the target's config and one MTP layer; `load_mtp(path, target)` reads it back."""
+  if isinstance(drafter.head_config, HybridConfig):
+    raise ValueError(
+      f"save_mtp: writing an MTP head of a {drafter.head_config.model_type} target is not "
+      "supported (only loading it from the target's checkpoint is)"
+    )
   os.makedirs(path, exist_ok=True)
   layout = drafter.spec.layout
   flat = heads.flat_params(drafter.weights["head"])
-  if _norms_stored_zero_centred(layout):
+  if _norms_stored_zero_centred(layout, drafter.head_config):
     flat = {p: v - 1.0 if p.endswith("/scale") else v for p, v in flat.items()}
   names = tensor_names(drafter.head_config, layout)
   heads.write_head(os.path.join(path, "model.safetensors"), flat, names, dtype=dtype)

@@ -5,7 +5,11 @@ import json
 import os
 from typing import Any
 
-HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_moe")  # HybridConfig: GDN and/or routed experts
+# HybridConfig: GDN and/or routed experts. Qwen3.5's text models (what Qwen3_5ForCausalLM writes)
+# are Qwen3-Next layers with the GDN input projections split (hybrid_names.fuse_split_gdn).
+QWEN3_5 = ("qwen3_5_text", "qwen3_5_moe_text")
+NEXT_FAMILY = ("qwen3_next", *QWEN3_5)  # gated attention, zero-centred norms, GDN layers
+HYBRID_MODEL_TYPES = (*NEXT_FAMILY, "qwen3_moe")
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", *HYBRID_MODEL_TYPES)
 LAYER_TYPES = ("full_attention", "linear_attention")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -51,7 +55,8 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class HybridConfig(ModelConfig):
-  """Qwen3-Next (Gated DeltaNet + gated attention, routed experts) and Qwen3-MoE (all attention).
+  """Qwen3-Next and Qwen3.5 (Gated DeltaNet + gated attention, routed experts) and Qwen3-MoE
+  (all attention).
 
   Per layer: its token mixer (`layer_types`) and whether its MLP is the routed-expert block
   (`moe_layers`). Linear-attention letters: Q q/k heads of head dim H, Y value heads of dim U,
@@ -92,7 +97,8 @@ class HybridConfig(ModelConfig):
 def _hybrid_fields(d: dict[str, Any], source: str, num_layers: int, head_dim: int) -> dict:
   """HybridConfig's own fields from an HF config; each misfit names `source` and the key."""
   model_type = d["model_type"]
-  if model_type == "qwen3_next":
+  is_next = model_type in NEXT_FAMILY
+  if is_next:
     interval = int(d.get("full_attention_interval", 4))
     default = [
       "linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)
@@ -105,7 +111,7 @@ def _hybrid_fields(d: dict[str, Any], source: str, num_layers: int, head_dim: in
       f"{source}: layer_types has {len(layer_types)} entries but num_hidden_layers={num_layers}"
     )
   for i, t in enumerate(layer_types):
-    allowed = LAYER_TYPES if model_type == "qwen3_next" else ("full_attention",)
+    allowed = LAYER_TYPES if is_next else ("full_attention",)
     if t not in allowed:
       raise ConfigError(
         f"{source}: layer_types[{i}] = {t!r} is not a {model_type} layer type; "
@@ -138,6 +144,8 @@ def _hybrid_fields(d: dict[str, Any], source: str, num_layers: int, head_dim: in
   n_experts = int(
     d.get("num_experts") or d.get("num_local_experts") or 0
   )  # transformers 5 writes the latter
+  if model_type == "qwen3_5_moe_text" and n_experts < 1:
+    raise ConfigError(f"{source}: qwen3_5_moe_text needs num_experts >= 1 (every layer is routed)")
   step = int(d.get("decoder_sparse_step") or 1)
   dense_only = set(d.get("mlp_only_layers") or ())
   moe = tuple(
@@ -156,11 +164,12 @@ def _hybrid_fields(d: dict[str, Any], source: str, num_layers: int, head_dim: in
       num_experts_per_tok=top,
       moe_intermediate_size=int(d["moe_intermediate_size"]),
       shared_expert_intermediate_size=int(d.get("shared_expert_intermediate_size") or 0),
-      norm_topk_prob=bool(d.get("norm_topk_prob", model_type == "qwen3_next")),
+      # Qwen3.5-MoE's router always renormalizes (its config has no norm_topk_prob).
+      norm_topk_prob=bool(d.get("norm_topk_prob", is_next)),
     )
   rope = d.get("rope_parameters") or {}
   factor = float(rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)))
-  if model_type == "qwen3_next" and "partial_rotary_factor" not in rope | d:
+  if is_next and "partial_rotary_factor" not in rope | d:
     factor = 0.25  # transformers' default for the family
   rotary = int(head_dim * factor)
   if rotary < 2 or rotary % 2 or rotary > head_dim:
@@ -168,7 +177,6 @@ def _hybrid_fields(d: dict[str, Any], source: str, num_layers: int, head_dim: in
       f"{source}: partial_rotary_factor={factor} gives rotary dim {rotary} of head_dim "
       f"{head_dim}; it must be even and in [2, head_dim]"
     )
-  is_next = model_type == "qwen3_next"
   return dict(
     fields,
     layer_types=layer_types,
@@ -226,7 +234,10 @@ def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> ModelConfig:
     model_type=model_type,
     vocab_size=int(need("vocab_size")),
     hidden_size=hidden,
-    intermediate_size=int(need("intermediate_size")),
+    # Qwen3.5-MoE has no dense MLP, hence no intermediate_size.
+    intermediate_size=int(d.get("intermediate_size") or 0)
+    if model_type == "qwen3_5_moe_text"
+    else int(need("intermediate_size")),
     num_layers=int(need("num_hidden_layers")),
     num_heads=heads,
     num_kv_heads=kv_heads,
