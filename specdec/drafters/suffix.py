@@ -1,0 +1,248 @@
+"""Suffix decoding (arctic-inference's SuffixDecodingCache, chain mode) in fixed shapes on the device.
+
+Two token collections stand in for arctic's suffix trees: the row's own committed buffer (the
+per-request tree over prompt + output) and the store, earlier requests' outputs, which with the
+row's own output so far forms the global tree. A tree node's count is the number of occurrences
+of its path, so instead of a tree each step finds, for every end position j, how many of the
+context's last tokens end there (`_match_lengths`, capped by max_depth), and counts continuations
+over those occurrences.
+
+The rule reproduced from arctic's `SuffixTree::speculate`: for each match length m in
+[1, min(L, max_depth) - 1] that occurs, a greedy chain from the occurrences of the context's
+last m tokens: the next token is the most frequent continuation, its probability the running
+product of count(path + token) / count(path) (an occurrence at the end of a sequence counts in
+the denominator), drafted while it is >= min_token_prob, up to min(k, floor(m * max_spec_factor
++ max_spec_offset)) tokens and while the path stays within max_depth tokens. A chain scores the
+sum of its probabilities; the best score wins, a tie going to the longer match, and the buffer's
+draft beats the global one on a tie. Arithmetic is float32 as in arctic.
+
+Ties between continuations of equal count: the token that appears first in [store; buffer]
+wins. Arctic takes the head of a sibling list whose order among equal counts follows the
+insertion history, which a fixed-shape count cannot reproduce; tests/fixtures/suffix records a
+stream on which both give the same drafts. Not reproduced: trees (chain mode only), eviction
+inside a request (the store is fixed for a generate call), and other rows' outputs of the same
+batch (arctic's global tree holds every active request's response).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec.drafters.base import Drafter
+from specdec.drafters.ngram import PAD
+
+NO_SEQ = -1  # segment of an empty store slot or a stale buffer slot
+ACTIVE_SEQ = 2**30  # segment of the row's own output inside the global collection
+
+
+@dataclasses.dataclass(frozen=True)
+class Suffix(Drafter):
+  name = "suffix"
+  max_depth: int = 24  # arctic's max_tree_depth: the longest path, match plus draft
+  max_spec_factor: float = 1.0
+  max_spec_offset: float = 0.0
+  min_token_prob: float = 0.1
+  store_size: int = 4096  # G: store slots for earlier requests' outputs
+  # Earlier outputs, packed by `pack_store`; outside comparison so equal options share compiles.
+  store: tuple = dataclasses.field(default=None, compare=False, repr=False)
+
+  def __post_init__(self):
+    if self.store_size < 1:
+      raise ValueError(
+        f"suffix store_size={self.store_size}: the store needs >= 1 slot (an empty store is "
+        "store_size >= 1 with no history)"
+      )
+    if self.max_depth < 2:
+      raise ValueError(f"suffix max_depth={self.max_depth}: a match and a draft need >= 2")
+    if not 0.0 <= self.min_token_prob <= 1.0:
+      raise ValueError(f"suffix min_token_prob={self.min_token_prob}: must be in [0, 1]")
+    if self.max_spec_factor < 0:
+      raise ValueError(f"suffix max_spec_factor={self.max_spec_factor}: must be >= 0")
+    if self.store is None:
+      object.__setattr__(self, "store", pack_store((), self.store_size))
+    elif self.store[0].shape != (self.store_size,):
+      raise ValueError(
+        f"suffix store holds {self.store[0].shape[0]} slots, store_size is {self.store_size}"
+      )
+
+  @property
+  def params(self):
+    tokens_G, seq_G = self.store
+    return {"tokens_G": jnp.asarray(tokens_G), "seq_G": jnp.asarray(seq_G)}
+
+  def validate(self, target_config, k, slots):
+    if self.max_depth > slots:
+      raise ValueError(
+        f"suffix max_depth={self.max_depth} exceeds the token buffer's {slots} slots"
+      )
+    top = int(self.store[0].max(initial=-1))
+    if top >= target_config.vocab_size:
+      raise ValueError(
+        f"suffix store holds token {top}, outside the target's vocabulary "
+        f"({target_config.vocab_size})"
+      )
+
+  def init(self, params, prompt_BT, lengths_B, target):
+    return lengths_B  # the prompt lengths: where each row's own output starts
+
+  def propose(self, params, state, ctx, k, sampling, key):
+    draft_BJ, _, _, _ = speculate(self, params, ctx.tokens_BS, ctx.lengths_B, state, k)
+    return draft_BJ, None, state
+
+
+def pack_store(history, store_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens_G, seq_G): earlier outputs laid end to end, each its own sequence id, the oldest
+  dropped whole when they do not all fit (arctic evicts the oldest too)."""
+  kept, used = [], 0
+  for seq in reversed([np.asarray(s, np.int32).reshape(-1) for s in history]):
+    if used + len(seq) > store_size:
+      if not kept:
+        raise ValueError(
+          f"suffix history: the newest output has {len(seq)} tokens, store_size={store_size}"
+        )
+      break
+    kept.insert(0, seq)
+    used += len(seq)
+  tokens_G = np.full((store_size,), -1, np.int32)
+  seq_G = np.full((store_size,), NO_SEQ, np.int32)
+  at = 0
+  for i, seq in enumerate(kept):
+    if seq.size and seq.min() < 0:
+      raise ValueError(f"suffix history: output {i} holds a negative token id")
+    tokens_G[at : at + len(seq)], seq_G[at : at + len(seq)] = seq, i
+    at += len(seq)
+  return tokens_G, seq_G
+
+
+def suffix(
+  max_depth: int = 24,
+  max_spec_factor: float = 1.0,
+  max_spec_offset: float = 0.0,
+  min_token_prob: float = 0.1,
+  store_size: int = 4096,
+  history=(),
+) -> Suffix:
+  """A suffix drafter; `history` (token-id sequences) are earlier requests' outputs."""
+  return Suffix(
+    max_depth=max_depth, max_spec_factor=max_spec_factor, max_spec_offset=max_spec_offset,
+    min_token_prob=min_token_prob, store_size=store_size, store=pack_store(history, store_size),
+  )  # fmt: skip
+
+
+def speculate(drafter: Suffix, params, tokens_BS, lengths_B, prompt_lengths_B, k: int):
+  """(draft_BJ, n_draft_B, score_B, match_B): the chosen chain padded to k, its length, score
+  and match length, as arctic's `SuffixDecodingCache.speculate` with max_spec_tokens = k."""
+  B, S = tokens_BS.shape
+  D = drafter.max_depth
+  store_BG = jnp.broadcast_to(params["tokens_G"], (B, params["tokens_G"].shape[0]))
+  seq_BG = jnp.broadcast_to(params["seq_G"], store_BG.shape)
+  s_S = jnp.arange(S)
+  committed_BS = s_S[None] < lengths_B[:, None]
+  mine_BS = committed_BS & (s_S[None] >= prompt_lengths_B[:, None])
+  x_BN = jnp.concatenate([store_BG, tokens_BS], 1)
+  ids_BN = _first_occurrence(x_BN)
+  ctx_BD = jnp.take_along_axis(tokens_BS, jnp.clip(lengths_B[:, None] - D + jnp.arange(D), 0), 1)
+  ctx_len_B = jnp.minimum(lengths_B, D)
+  G = store_BG.shape[1]
+  local = _best_chain(
+    drafter, k, x_BN[:, G:], jnp.where(committed_BS, 0, NO_SEQ), ids_BN[:, G:], x_BN, ctx_BD,
+    ctx_len_B,
+  )  # fmt: skip
+  seg_BN = jnp.concatenate([seq_BG, jnp.where(mine_BS, ACTIVE_SEQ, NO_SEQ)], 1)
+  glob = _best_chain(drafter, k, x_BN, seg_BN, ids_BN, x_BN, ctx_BD, ctx_len_B)
+  pick_B = local[2] >= glob[2]
+  return tuple(
+    jnp.where(pick_B[:, None] if a.ndim == 2 else pick_B, a, b) for a, b in zip(local, glob)
+  )
+
+
+def _first_occurrence(x_BN):
+  """For each position, the first position holding the same token: a token's count bin."""
+  B, N = x_BN.shape
+  order_BN = jnp.argsort(x_BN, axis=1, stable=True)
+  sorted_BN = jnp.take_along_axis(x_BN, order_BN, 1)
+  start_BN = jnp.concatenate([jnp.ones((B, 1), bool), sorted_BN[:, 1:] != sorted_BN[:, :-1]], 1)
+  run_BN = jax.lax.cummax(jnp.where(start_BN, jnp.arange(N), 0), axis=1)
+  first_BN = jnp.take_along_axis(order_BN, run_BN, 1)
+  return jnp.zeros_like(x_BN).at[jnp.arange(B)[:, None], order_BN].set(first_BN)
+
+
+def _shift(a_BN, n: int, fill: int):
+  """a[j - n] at j (n > 0 looks back, n < 0 ahead), `fill` where that falls off the array."""
+  N = a_BN.shape[1]
+  if n >= 0:
+    return jnp.pad(a_BN[:, : N - n], ((0, 0), (n, 0)), constant_values=fill)
+  return jnp.pad(a_BN[:, -n:], ((0, 0), (0, -n)), constant_values=fill)
+
+
+def _match_lengths(x_BN, seg_BN, ctx_BD, ctx_len_B):
+  """How many of the context's last tokens end at each position, within one sequence."""
+  D = ctx_BD.shape[1]
+  run_BN = seg_BN >= 0
+  ell_BN = jnp.zeros(x_BN.shape, jnp.int32)
+  for i in range(D):
+    same_BN = (_shift(x_BN, i, -1) == ctx_BD[:, D - 1 - i, None]) & (
+      _shift(seg_BN, i, NO_SEQ) == seg_BN
+    )
+    run_BN &= same_BN & (i < ctx_len_B)[:, None]
+    ell_BN += run_BN
+  return ell_BN
+
+
+def _max_tokens(drafter: Suffix, m: int, k: int) -> int:
+  """arctic's draft cap for match length m: float32 m * factor + offset, then + 1e-6, truncated."""
+  f32 = np.float32(m) * np.float32(drafter.max_spec_factor) + np.float32(drafter.max_spec_offset)
+  return max(min(k, int(float(f32) + 1e-6)), 0)
+
+
+def _best_chain(drafter: Suffix, k, x_BN, seg_BN, ids_BN, all_BV, ctx_BD, ctx_len_B):
+  """The best-scoring greedy chain over match lengths 1..max_depth-1 in one collection; ids_BN
+  are count bins, positions in [store; buffer] (all_BV) where each token first appears."""
+  B, N = x_BN.shape
+  V = all_BV.shape[1]
+  D = drafter.max_depth
+  m_M = np.arange(1, D)
+  ell_BN = _match_lengths(x_BN, seg_BN, ctx_BD, ctx_len_B)
+  occ_BMN = ell_BN[:, None, :] >= m_M[None, :, None]
+  n_BM = occ_BMN.sum(-1)
+  matched_BM = (n_BM > 0) & (m_M[None] < ctx_len_B[:, None])
+  cap_M = np.array([min(_max_tokens(drafter, int(m), k), D - m) for m in m_M])
+  prob_BM = jnp.ones(n_BM.shape, jnp.float32)
+  score_BM = jnp.zeros(n_BM.shape, jnp.float32)
+  alive_BM = jnp.ones(n_BM.shape, bool)
+  len_BM = jnp.zeros(n_BM.shape, jnp.int32)
+  draft = []
+  b_B11, m_1M1 = jnp.arange(B)[:, None, None], jnp.arange(D - 1)[None, :, None]
+  for d in range(k):
+    nxt_BN = _shift(x_BN, -(d + 1), -1)
+    cont_BN = _shift(seg_BN, -(d + 1), NO_SEQ) == seg_BN
+    bin_BN = jnp.where(cont_BN, _shift(ids_BN, -(d + 1), V), V)
+    hist_BMV = jnp.zeros((B, D - 1, V + 1), jnp.int32)
+    hist_BMV = hist_BMV.at[b_B11, m_1M1, bin_BN[:, None, :]].add(occ_BMN.astype(jnp.int32))
+    count_BM = jnp.max(hist_BMV[..., :V], -1)
+    # Of the most frequent continuations, the one seen first (arctic creates children in order).
+    bin_BMN = jnp.broadcast_to(bin_BN[:, None, :], occ_BMN.shape)
+    top_BMN = occ_BMN & (bin_BMN < V)
+    top_BMN &= jnp.take_along_axis(hist_BMV, bin_BMN, 2) == count_BM[..., None]
+    best_BM = jnp.take_along_axis(bin_BN, jnp.argmax(top_BMN, -1), 1)
+    tok_BM = jnp.take_along_axis(all_BV, best_BM, 1)
+    p_BM = prob_BM * (count_BM.astype(jnp.float32) / n_BM.astype(jnp.float32))
+    alive_BM &= (d < cap_M)[None] & (count_BM > 0) & (p_BM >= np.float32(drafter.min_token_prob))
+    score_BM += jnp.where(alive_BM, p_BM, 0.0)
+    len_BM += alive_BM
+    draft.append(jnp.where(alive_BM, tok_BM, PAD))
+    prob_BM = jnp.where(alive_BM, p_BM, prob_BM)
+    occ_BMN &= (bin_BN[:, None, :] == best_BM[..., None]) & cont_BN[:, None, :]
+    n_BM = count_BM
+  # The best score among the matched lengths, a tie to the longest (arctic's `>=` over rising m).
+  top_B = jnp.max(jnp.where(matched_BM, score_BM, -1.0), 1)
+  win_BM = matched_BM & (score_BM == top_B[:, None])
+  m_B = jnp.max(jnp.where(win_BM, m_M[None], 0), 1)
+  at_B1 = jnp.maximum(m_B - 1, 0)[:, None]
+  found_B = m_B > 0
+  draft_BJ = jnp.take_along_axis(jnp.stack(draft, -1), at_B1[..., None], 1)[:, 0]
+  n_B = jnp.where(found_B, jnp.take_along_axis(len_BM, at_B1, 1)[:, 0], 0)
+  score_B = jnp.where(found_B, top_B, 0.0)
+  return jnp.where(found_B[:, None], draft_BJ, PAD).astype(jnp.int32), n_B, score_B, m_B
