@@ -1,8 +1,8 @@
 """Drafters, one file each; all follow the protocol in `base.py`.
 
-`ngram(...)`, `suffix(...)`, `draft_lm(model)` and `null()` build drafters; learned drafters are loaded from their
-published layouts with `load_block`, `load_mtp`, `load_eagle3` (their modules, e.g.
-`specdec.drafters.mtp`, also build fresh ones for training).
+`ngram(...)`, `suffix(...)`, `draft_lm(model)` and `null()` build drafters; learned drafters are
+loaded from their published layouts with `load_block`, `load_mtp`, `load_eagle3` (their modules,
+e.g. `specdec.drafters.mtp`, also build fresh ones for training).
 """
 
 from specdec.drafters.base import Context, Drafter

@@ -1,4 +1,4 @@
-"""Suffix decoding (arctic-inference's SuffixDecodingCache, chain mode) in fixed shapes on the device.
+"""Suffix decoding (arctic-inference's SuffixDecodingCache, chain mode), fixed shapes, on device.
 
 Two token collections stand in for arctic's suffix trees: the row's own committed buffer (the
 per-request tree over prompt + output) and the store, earlier requests' outputs, which with the
@@ -16,10 +16,12 @@ the denominator), drafted while it is >= min_token_prob, up to min(k, floor(m * 
 sum of its probabilities; the best score wins, a tie going to the longer match, and the buffer's
 draft beats the global one on a tie. Arithmetic is float32 as in arctic.
 
-Ties between continuations of equal count: the token that appears first in [store; buffer]
-wins. Arctic takes the head of a sibling list whose order among equal counts follows the
-insertion history, which a fixed-shape count cannot reproduce; tests/fixtures/suffix records a
-stream on which both give the same drafts. Not reproduced: trees (chain mode only), eviction
+Ties between continuations of equal count: the one whose first occurrence after the path comes
+first in [store; buffer] wins, the order in which arctic creates a node's children. Arctic takes
+the head of its sibling list, whose order among equal counts also depends on the order in which
+the counts grew; a fixed-shape count cannot replay that history. tests/drafters/test_suffix.py
+checks on arctic's recorded run that every step where the two differ is a true tie. A chain
+shorter than k is padded with ngram's PAD. Not reproduced: trees (chain mode only), eviction
 inside a request (the store is fixed for a generate call), and other rows' outputs of the same
 batch (arctic's global tree holds every active request's response).
 """
@@ -154,7 +156,8 @@ def speculate(drafter: Suffix, params, tokens_BS, lengths_B, prompt_lengths_B, k
   glob = _best_chain(drafter, k, x_BN, seg_BN, ids_BN, x_BN, ctx_BD, ctx_len_B)
   pick_B = local[2] >= glob[2]
   return tuple(
-    jnp.where(pick_B[:, None] if a.ndim == 2 else pick_B, a, b) for a, b in zip(local, glob)
+    jnp.where(pick_B[:, None] if a.ndim == 2 else pick_B, a, b)
+    for a, b in zip(local, glob, strict=True)
   )
 
 
@@ -216,7 +219,6 @@ def _best_chain(drafter: Suffix, k, x_BN, seg_BN, ids_BN, all_BV, ctx_BD, ctx_le
   draft = []
   b_B11, m_1M1 = jnp.arange(B)[:, None, None], jnp.arange(D - 1)[None, :, None]
   for d in range(k):
-    nxt_BN = _shift(x_BN, -(d + 1), -1)
     cont_BN = _shift(seg_BN, -(d + 1), NO_SEQ) == seg_BN
     bin_BN = jnp.where(cont_BN, _shift(ids_BN, -(d + 1), V), V)
     hist_BMV = jnp.zeros((B, D - 1, V + 1), jnp.int32)

@@ -240,7 +240,7 @@ def test_prompt_ids_order():
 def test_edit_loops_rename_one_identifier_per_turn_of_each_document():
   loops, docs = wl.load_workload(wl.EDIT_WORKLOAD), wl.source_documents()
   assert len(loops) == len(docs) and not wl.is_document_workload(wl.EDIT_WORKLOAD)
-  for p, doc in zip(loops, docs):
+  for p, doc in zip(loops, docs, strict=True):
     turns = (*p.history, p.text)
     assert len(turns) == wl.EDIT_TURNS and turns[0] in doc.text
     for j in range(1, len(turns)):

@@ -49,18 +49,19 @@ def test_drafts_and_acceptance_match_arctic_on_the_recorded_stream():
     lengths_B[: min(ROWS, n_steps - lo)] += done[lo : lo + ROWS]
     tokens_BS = np.broadcast_to(buf_S, (ROWS, SLOTS))
     out = f(dr.params, jnp.asarray(tokens_BS), jnp.asarray(lengths_B), jnp.full((ROWS,), P))
-    got += list(zip(*[np.asarray(a).tolist() for a in out]))[: n_steps - lo]
+    got += list(zip(*[np.asarray(a).tolist() for a in out], strict=True))[: n_steps - lo]
   ties = []
   for i, (draft, n, score, m) in enumerate(got):
     draft, n_i = draft[:n], int(done[i])
     acc = next((j for j, t in enumerate(draft) if n_i + j >= len(resp) or t != resp[n_i + j]), n)
     ref = steps["token_ids"][i]
     assert (m, np.float32(score)) == (steps["match_len"][i], np.float32(steps["score"][i])), i
+    assert n == len(ref) == steps["num_spec_toks"][i], i
     if draft == ref:
       assert acc == steps["num_accept_toks"][i], i
       continue
     ties.append(i)
-    j = next(j for j, (a, b) in enumerate(zip(draft, ref)) if a != b)
+    j = next(j for j, (a, b) in enumerate(zip(draft, ref, strict=True)) if a != b)
     ctx = prompt + resp[:n_i]
     path = ctx[len(ctx) - m :] + ref[:j]
     mine_g = (REF["cached"]["response"], resp[:n_i])
