@@ -46,7 +46,7 @@ class Suffix(Drafter):
   max_spec_factor: float = 1.0
   max_spec_offset: float = 0.0
   min_token_prob: float = 0.1
-  store_size: int = 4096  # G: store slots for earlier requests' outputs
+  store_size: int = 4096  # g: store slots for earlier requests' outputs
   # Earlier outputs, packed by `pack_store`; outside comparison so equal options share compiles.
   store: tuple = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -71,8 +71,8 @@ class Suffix(Drafter):
 
   @property
   def params(self):
-    tokens_G, seq_G = self.store
-    return {"tokens_G": jnp.asarray(tokens_G), "seq_G": jnp.asarray(seq_G)}
+    tokens_g, seq_g = self.store
+    return {"tokens_g": jnp.asarray(tokens_g), "seq_g": jnp.asarray(seq_g)}
 
   def validate(self, target_config, k, slots):
     if self.max_depth > slots:
@@ -95,7 +95,7 @@ class Suffix(Drafter):
 
 
 def pack_store(history, store_size: int) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens_G, seq_G): earlier outputs laid end to end, each its own sequence id, the oldest
+  """(tokens_g, seq_g): earlier outputs laid end to end, each its own sequence id, the oldest
   dropped whole when they do not all fit (arctic evicts the oldest too)."""
   kept, used = [], 0
   for seq in reversed([np.asarray(s, np.int32).reshape(-1) for s in history]):
@@ -107,15 +107,15 @@ def pack_store(history, store_size: int) -> tuple[np.ndarray, np.ndarray]:
       break
     kept.insert(0, seq)
     used += len(seq)
-  tokens_G = np.full((store_size,), -1, np.int32)
-  seq_G = np.full((store_size,), NO_SEQ, np.int32)
+  tokens_g = np.full((store_size,), -1, np.int32)
+  seq_g = np.full((store_size,), NO_SEQ, np.int32)
   at = 0
   for i, seq in enumerate(kept):
     if seq.size and seq.min() < 0:
       raise ValueError(f"suffix history: output {i} holds a negative token id")
-    tokens_G[at : at + len(seq)], seq_G[at : at + len(seq)] = seq, i
+    tokens_g[at : at + len(seq)], seq_g[at : at + len(seq)] = seq, i
     at += len(seq)
-  return tokens_G, seq_G
+  return tokens_g, seq_g
 
 
 def suffix(
@@ -137,23 +137,25 @@ def speculate(drafter: Suffix, params, tokens_BS, lengths_B, prompt_lengths_B, k
   """(draft_BJ, n_draft_B, score_B, match_B): the chosen chain padded to k, its length, score
   and match length, as arctic's `SuffixDecodingCache.speculate` with max_spec_tokens = k."""
   B, S = tokens_BS.shape
-  D = drafter.max_depth
-  store_BG = jnp.broadcast_to(params["tokens_G"], (B, params["tokens_G"].shape[0]))
-  seq_BG = jnp.broadcast_to(params["seq_G"], store_BG.shape)
+  depth = drafter.max_depth
+  store_Bg = jnp.broadcast_to(params["tokens_g"], (B, params["tokens_g"].shape[0]))
+  seq_Bg = jnp.broadcast_to(params["seq_g"], store_Bg.shape)
   s_S = jnp.arange(S)
   committed_BS = s_S[None] < lengths_B[:, None]
   mine_BS = committed_BS & (s_S[None] >= prompt_lengths_B[:, None])
-  x_BN = jnp.concatenate([store_BG, tokens_BS], 1)
-  ids_BN = _first_occurrence(x_BN)
-  ctx_BD = jnp.take_along_axis(tokens_BS, jnp.clip(lengths_B[:, None] - D + jnp.arange(D), 0), 1)
-  ctx_len_B = jnp.minimum(lengths_B, D)
-  G = store_BG.shape[1]
+  x_Bn = jnp.concatenate([store_Bg, tokens_BS], 1)
+  ids_Bn = _first_occurrence(x_Bn)
+  ctx_Bt = jnp.take_along_axis(
+    tokens_BS, jnp.clip(lengths_B[:, None] - depth + jnp.arange(depth), 0), 1
+  )
+  ctx_len_B = jnp.minimum(lengths_B, depth)
+  n_store = store_Bg.shape[1]
+  buffer_seg_BS = jnp.where(committed_BS, 0, NO_SEQ)
   local = _best_chain(
-    drafter, k, x_BN[:, G:], jnp.where(committed_BS, 0, NO_SEQ), ids_BN[:, G:], x_BN, ctx_BD,
-    ctx_len_B,
-  )  # fmt: skip
-  seg_BN = jnp.concatenate([seq_BG, jnp.where(mine_BS, ACTIVE_SEQ, NO_SEQ)], 1)
-  glob = _best_chain(drafter, k, x_BN, seg_BN, ids_BN, x_BN, ctx_BD, ctx_len_B)
+    drafter, k, x_Bn[:, n_store:], buffer_seg_BS, ids_Bn[:, n_store:], x_Bn, ctx_Bt, ctx_len_B
+  )
+  seg_Bn = jnp.concatenate([seq_Bg, jnp.where(mine_BS, ACTIVE_SEQ, NO_SEQ)], 1)
+  glob = _best_chain(drafter, k, x_Bn, seg_Bn, ids_Bn, x_Bn, ctx_Bt, ctx_len_B)
   pick_B = local[2] >= glob[2]
   return tuple(
     jnp.where(pick_B[:, None] if a.ndim == 2 else pick_B, a, b)
@@ -161,37 +163,37 @@ def speculate(drafter: Suffix, params, tokens_BS, lengths_B, prompt_lengths_B, k
   )
 
 
-def _first_occurrence(x_BN):
+def _first_occurrence(x_Bn):
   """For each position, the first position holding the same token: a token's count bin."""
-  B, N = x_BN.shape
-  order_BN = jnp.argsort(x_BN, axis=1, stable=True)
-  sorted_BN = jnp.take_along_axis(x_BN, order_BN, 1)
-  start_BN = jnp.concatenate([jnp.ones((B, 1), bool), sorted_BN[:, 1:] != sorted_BN[:, :-1]], 1)
-  run_BN = jax.lax.cummax(jnp.where(start_BN, jnp.arange(N), 0), axis=1)
-  first_BN = jnp.take_along_axis(order_BN, run_BN, 1)
-  return jnp.zeros_like(x_BN).at[jnp.arange(B)[:, None], order_BN].set(first_BN)
+  B, N = x_Bn.shape
+  order_Bn = jnp.argsort(x_Bn, axis=1, stable=True)
+  sorted_Bn = jnp.take_along_axis(x_Bn, order_Bn, 1)
+  start_Bn = jnp.concatenate([jnp.ones((B, 1), bool), sorted_Bn[:, 1:] != sorted_Bn[:, :-1]], 1)
+  run_Bn = jax.lax.cummax(jnp.where(start_Bn, jnp.arange(N), 0), axis=1)
+  first_Bn = jnp.take_along_axis(order_Bn, run_Bn, 1)
+  return jnp.zeros_like(x_Bn).at[jnp.arange(B)[:, None], order_Bn].set(first_Bn)
 
 
-def _shift(a_BN, n: int, fill: int):
+def _shift(a_Bn, n: int, fill: int):
   """a[j - n] at j (n > 0 looks back, n < 0 ahead), `fill` where that falls off the array."""
-  N = a_BN.shape[1]
+  N = a_Bn.shape[1]
   if n >= 0:
-    return jnp.pad(a_BN[:, : N - n], ((0, 0), (n, 0)), constant_values=fill)
-  return jnp.pad(a_BN[:, -n:], ((0, 0), (0, -n)), constant_values=fill)
+    return jnp.pad(a_Bn[:, : N - n], ((0, 0), (n, 0)), constant_values=fill)
+  return jnp.pad(a_Bn[:, -n:], ((0, 0), (0, -n)), constant_values=fill)
 
 
-def _match_lengths(x_BN, seg_BN, ctx_BD, ctx_len_B):
+def _match_lengths(x_Bn, seg_Bn, ctx_Bt, ctx_len_B):
   """How many of the context's last tokens end at each position, within one sequence."""
-  D = ctx_BD.shape[1]
-  run_BN = seg_BN >= 0
-  ell_BN = jnp.zeros(x_BN.shape, jnp.int32)
-  for i in range(D):
-    same_BN = (_shift(x_BN, i, -1) == ctx_BD[:, D - 1 - i, None]) & (
-      _shift(seg_BN, i, NO_SEQ) == seg_BN
+  depth = ctx_Bt.shape[1]
+  run_Bn = seg_Bn >= 0
+  ell_Bn = jnp.zeros(x_Bn.shape, jnp.int32)
+  for i in range(depth):
+    same_Bn = (_shift(x_Bn, i, -1) == ctx_Bt[:, depth - 1 - i, None]) & (
+      _shift(seg_Bn, i, NO_SEQ) == seg_Bn
     )
-    run_BN &= same_BN & (i < ctx_len_B)[:, None]
-    ell_BN += run_BN
-  return ell_BN
+    run_Bn &= same_Bn & (i < ctx_len_B)[:, None]
+    ell_Bn += run_Bn
+  return ell_Bn
 
 
 def _max_tokens(drafter: Suffix, m: int, k: int) -> int:
@@ -200,51 +202,52 @@ def _max_tokens(drafter: Suffix, m: int, k: int) -> int:
   return max(min(k, int(float(f32) + 1e-6)), 0)
 
 
-def _best_chain(drafter: Suffix, k, x_BN, seg_BN, ids_BN, all_BV, ctx_BD, ctx_len_B):
-  """The best-scoring greedy chain over match lengths 1..max_depth-1 in one collection; ids_BN
-  are count bins, positions in [store; buffer] (all_BV) where each token first appears."""
-  B, N = x_BN.shape
-  V = all_BV.shape[1]
-  D = drafter.max_depth
-  m_M = np.arange(1, D)
-  ell_BN = _match_lengths(x_BN, seg_BN, ctx_BD, ctx_len_B)
-  occ_BMN = ell_BN[:, None, :] >= m_M[None, :, None]
-  n_BM = occ_BMN.sum(-1)
-  matched_BM = (n_BM > 0) & (m_M[None] < ctx_len_B[:, None])
-  cap_M = np.array([min(_max_tokens(drafter, int(m), k), D - m) for m in m_M])
-  prob_BM = jnp.ones(n_BM.shape, jnp.float32)
-  score_BM = jnp.zeros(n_BM.shape, jnp.float32)
-  alive_BM = jnp.ones(n_BM.shape, bool)
-  len_BM = jnp.zeros(n_BM.shape, jnp.int32)
+def _best_chain(drafter: Suffix, k, x_Bn, seg_Bn, ids_Bn, all_Bn, ctx_Bt, ctx_len_B):
+  """The best-scoring greedy chain over match lengths m = 1..max_depth-1 in one collection x_Bn;
+  ids_Bn are count bins, positions in [store; buffer] (all_Bn) where each token first appears
+  (n_all of them, one more bin for occurrences with no continuation)."""
+  B, N = x_Bn.shape
+  n_all = all_Bn.shape[1]
+  depth = drafter.max_depth
+  lens_m = np.arange(1, depth)
+  ell_Bn = _match_lengths(x_Bn, seg_Bn, ctx_Bt, ctx_len_B)
+  occ_Bmn = ell_Bn[:, None, :] >= lens_m[None, :, None]
+  n_Bm = occ_Bmn.sum(-1)
+  matched_Bm = (n_Bm > 0) & (lens_m[None] < ctx_len_B[:, None])
+  cap_m = np.array([min(_max_tokens(drafter, int(m), k), depth - m) for m in lens_m])
+  prob_Bm = jnp.ones(n_Bm.shape, jnp.float32)
+  score_Bm = jnp.zeros(n_Bm.shape, jnp.float32)
+  alive_Bm = jnp.ones(n_Bm.shape, bool)
+  len_Bm = jnp.zeros(n_Bm.shape, jnp.int32)
   draft = []
-  b_B11, m_1M1 = jnp.arange(B)[:, None, None], jnp.arange(D - 1)[None, :, None]
+  b_B11, m_1m1 = jnp.arange(B)[:, None, None], jnp.arange(depth - 1)[None, :, None]
   for d in range(k):
-    cont_BN = _shift(seg_BN, -(d + 1), NO_SEQ) == seg_BN
-    bin_BN = jnp.where(cont_BN, _shift(ids_BN, -(d + 1), V), V)
-    hist_BMV = jnp.zeros((B, D - 1, V + 1), jnp.int32)
-    hist_BMV = hist_BMV.at[b_B11, m_1M1, bin_BN[:, None, :]].add(occ_BMN.astype(jnp.int32))
-    count_BM = jnp.max(hist_BMV[..., :V], -1)
+    cont_Bn = _shift(seg_Bn, -(d + 1), NO_SEQ) == seg_Bn
+    bin_Bn = jnp.where(cont_Bn, _shift(ids_Bn, -(d + 1), n_all), n_all)
+    hist_Bmn = jnp.zeros((B, depth - 1, n_all + 1), jnp.int32)
+    hist_Bmn = hist_Bmn.at[b_B11, m_1m1, bin_Bn[:, None, :]].add(occ_Bmn.astype(jnp.int32))
+    count_Bm = jnp.max(hist_Bmn[..., :n_all], -1)
     # Of the most frequent continuations, the one seen first (arctic creates children in order).
-    bin_BMN = jnp.broadcast_to(bin_BN[:, None, :], occ_BMN.shape)
-    top_BMN = occ_BMN & (bin_BMN < V)
-    top_BMN &= jnp.take_along_axis(hist_BMV, bin_BMN, 2) == count_BM[..., None]
-    best_BM = jnp.take_along_axis(bin_BN, jnp.argmax(top_BMN, -1), 1)
-    tok_BM = jnp.take_along_axis(all_BV, best_BM, 1)
-    p_BM = prob_BM * (count_BM.astype(jnp.float32) / n_BM.astype(jnp.float32))
-    alive_BM &= (d < cap_M)[None] & (count_BM > 0) & (p_BM >= np.float32(drafter.min_token_prob))
-    score_BM += jnp.where(alive_BM, p_BM, 0.0)
-    len_BM += alive_BM
-    draft.append(jnp.where(alive_BM, tok_BM, PAD))
-    prob_BM = jnp.where(alive_BM, p_BM, prob_BM)
-    occ_BMN &= (bin_BN[:, None, :] == best_BM[..., None]) & cont_BN[:, None, :]
-    n_BM = count_BM
+    bin_Bmn = jnp.broadcast_to(bin_Bn[:, None, :], occ_Bmn.shape)
+    top_Bmn = occ_Bmn & (bin_Bmn < n_all)
+    top_Bmn &= jnp.take_along_axis(hist_Bmn, bin_Bmn, 2) == count_Bm[..., None]
+    best_Bm = jnp.take_along_axis(bin_Bn, jnp.argmax(top_Bmn, -1), 1)
+    tok_Bm = jnp.take_along_axis(all_Bn, best_Bm, 1)
+    p_Bm = prob_Bm * (count_Bm.astype(jnp.float32) / n_Bm.astype(jnp.float32))
+    alive_Bm &= (d < cap_m)[None] & (count_Bm > 0) & (p_Bm >= np.float32(drafter.min_token_prob))
+    score_Bm += jnp.where(alive_Bm, p_Bm, 0.0)
+    len_Bm += alive_Bm
+    draft.append(jnp.where(alive_Bm, tok_Bm, PAD))
+    prob_Bm = jnp.where(alive_Bm, p_Bm, prob_Bm)
+    occ_Bmn &= bin_Bn[:, None, :] == best_Bm[..., None]
+    n_Bm = count_Bm
   # The best score among the matched lengths, a tie to the longest (arctic's `>=` over rising m).
-  top_B = jnp.max(jnp.where(matched_BM, score_BM, -1.0), 1)
-  win_BM = matched_BM & (score_BM == top_B[:, None])
-  m_B = jnp.max(jnp.where(win_BM, m_M[None], 0), 1)
+  top_B = jnp.max(jnp.where(matched_Bm, score_Bm, -1.0), 1)
+  win_Bm = matched_Bm & (score_Bm == top_B[:, None])
+  m_B = jnp.max(jnp.where(win_Bm, lens_m[None], 0), 1)
   at_B1 = jnp.maximum(m_B - 1, 0)[:, None]
   found_B = m_B > 0
   draft_BJ = jnp.take_along_axis(jnp.stack(draft, -1), at_B1[..., None], 1)[:, 0]
-  n_B = jnp.where(found_B, jnp.take_along_axis(len_BM, at_B1, 1)[:, 0], 0)
+  n_B = jnp.where(found_B, jnp.take_along_axis(len_Bm, at_B1, 1)[:, 0], 0)
   score_B = jnp.where(found_B, top_B, 0.0)
   return jnp.where(found_B[:, None], draft_BJ, PAD).astype(jnp.int32), n_B, score_B, m_B

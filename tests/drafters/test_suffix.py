@@ -124,12 +124,12 @@ def test_greedy_identity_through_generate(target):
 def test_equal_options_share_compiled_steps():
   a, b = suffix(store_size=8, history=[[1, 2]]), suffix(store_size=8, history=[[3, 4, 5]])
   assert a == b and hash(a) == hash(b)
-  assert not np.array_equal(a.params["tokens_G"], b.params["tokens_G"])
+  assert not np.array_equal(a.params["tokens_g"], b.params["tokens_g"])
 
 
 def test_the_store_keeps_the_newest_outputs_that_fit():
-  tokens_G = suffix(store_size=5, history=[[1, 1, 1], [2, 2], [3, 3, 3]]).params["tokens_G"]
-  assert np.asarray(tokens_G).tolist() == [2, 2, 3, 3, 3]
+  tokens_g = suffix(store_size=5, history=[[1, 1, 1], [2, 2], [3, 3, 3]]).params["tokens_g"]
+  assert np.asarray(tokens_g).tolist() == [2, 2, 3, 3, 3]
 
 
 @pytest.mark.parametrize(
