@@ -20,7 +20,8 @@ def get_config():
   )
   c.dtype = "float32"  # CPU default; bfloat16 on GPU
   # Workloads, an axis: "humaneval", "jax_source" (documents: a prompt is a source file's first
-  # prompt_tokens tokens), or a prompt file (JSONL of {"prompt": ...}, MT-Bench {"turns": [...]}
+  # prompt_tokens tokens), "edit_loop" (the last turn of a repetitive edit loop over a window of
+  # each source file, earlier turns answered by the target: configs/suffix.py), or a prompt file (JSONL of {"prompt": ...}, MT-Bench {"turns": [...]}
   # run turn by turn, ShareGPT); see specdec/data/workload.py.
   c.workloads = ("jax_source",)
   # True: prompts go through the target's chat template (raw otherwise; documents always raw)
@@ -32,7 +33,7 @@ def get_config():
   c.legs = 2
   c.seed = 0  # base: leg l, sample seed s, prompt i sample with seed + 10**6 s + 1000 l + i
   # Axes: the sweep runs their product (the no-draft arm always, at k = 0).
-  c.methods = ("null", "ngram", "draft_lm", "mtp", "eagle3", "block8", "block16")
+  c.methods = ("null", "ngram", "suffix", "draft_lm", "mtp", "eagle3", "block8", "block16")
   c.ks = (1, 2, 4)
   # Context lengths up to the zoo target's 2048 positions (prompt + max_new_tokens + k + 1 fit).
   # 0: prompts as they are; > 0: documents cut, other prompts extended with real text, to it.
@@ -46,6 +47,17 @@ def get_config():
   c.batches = (1,)
   c.seeds = (0,)  # sampling seeds, an axis of sampled cells (greedy cells run the first only)
   c.ngram = ml_collections.ConfigDict({"min_n": 1, "max_n": 4})
+  # Suffix decoding (specdec/drafters/suffix.py): arctic-inference's options as vLLM defaults them;
+  # the store of earlier outputs stays empty in a sweep (memory across legs), so it is small.
+  c.suffix = ml_collections.ConfigDict(
+    {
+      "max_depth": 24,
+      "max_spec_factor": 1.0,
+      "max_spec_offset": 0.0,
+      "min_token_prob": 0.1,
+      "store_size": 256,
+    }
+  )
   # Share of the device's memory the params + decode state may fill (vLLM's
   # gpu_memory_utilization); a cell that does not fit is refused before the sweep starts.
   c.memory_fraction = 0.9

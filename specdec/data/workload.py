@@ -14,6 +14,8 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import keyword
+import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -116,11 +118,14 @@ def load_prompt_file(path: str | Path) -> list[Prompt]:
 
 
 def load_workload(name_or_path: str) -> list[Prompt]:
-  """'humaneval', SOURCE_WORKLOAD (long documents, `source_documents`) or a prompt file's path."""
+  """'humaneval', SOURCE_WORKLOAD (long documents, `source_documents`), EDIT_WORKLOAD (edit loops
+  over them, `edit_loops`) or a prompt file's path."""
   if name_or_path.lower() == "humaneval":
     return load_humaneval()
   if name_or_path == SOURCE_WORKLOAD:
     return source_documents()
+  if name_or_path == EDIT_WORKLOAD:
+    return edit_loops()
   return load_prompt_file(name_or_path)
 
 
@@ -169,6 +174,35 @@ def source_documents() -> tuple[Prompt, ...]:
       f"{got}, expected {SOURCE_SHA256}: not the files {SOURCE_PACKAGE}=={SOURCE_VERSION} ships"
     )
   return tuple(Prompt(id=p, text=raw[p].decode("utf-8"), document=True) for p in paths)
+
+
+# The repetitive-edit workload suffix decoding is for: an agent rewriting one piece of code turn
+# after turn. Request i is the last turn of a loop over a window of document i: turn 1 is the
+# window, each later turn the window with one more identifier renamed, and every earlier turn is
+# followed by the target's own answer (the sweep's multi-turn rule), so the model continues text
+# it has read, and written, with small edits. The window is a file's first EDIT_WINDOW characters
+# from its first `def`; the filler of prompt i (the tail of document i) does not hold it.
+EDIT_WORKLOAD = "edit_loop"
+EDIT_WINDOW, EDIT_TURNS = 600, 3
+_IDENT = re.compile(r"\b[a-z_][a-z0-9_]{3,}\b")
+
+
+def edit_loops() -> tuple[Prompt, ...]:
+  """EDIT_WORKLOAD's requests, one per source document (see the comment above)."""
+  prompts = []
+  for doc in source_documents():
+    start = max(doc.text.find("\ndef "), 0)
+    window = doc.text[start : start + EDIT_WINDOW].strip("\n")
+    # The most frequent identifiers that are not keywords, renamed one per turn.
+    names = [n for n in _IDENT.findall(window) if not keyword.iskeyword(n)]
+    ranked = sorted(set(names), key=lambda n: (-names.count(n), n))[: EDIT_TURNS - 1]
+    turns = [window]
+    for name in ranked:
+      turns.append(re.sub(rf"\b{name}\b", f"{name}_edit{len(turns)}", turns[-1]))
+    prompts.append(
+      Prompt(id=f"{doc.id}/edit{len(turns)}", text=turns[-1], history=tuple(turns[:-1]))
+    )
+  return tuple(prompts)
 
 
 def load_text_source(path: str | Path) -> list[str]:

@@ -1,8 +1,8 @@
 """Drafters, one file each; all follow the protocol in `base.py`.
 
-`ngram(...)`, `draft_lm(model)` and `null()` build drafters; learned drafters are loaded from their
-published layouts with `load_block`, `load_mtp`, `load_eagle3` (their modules, e.g.
-`specdec.drafters.mtp`, also build fresh ones for training).
+`ngram(...)`, `suffix(...)`, `draft_lm(model)` and `null()` build drafters; learned drafters are
+loaded from their published layouts with `load_block`, `load_mtp`, `load_eagle3` (their modules,
+e.g. `specdec.drafters.mtp`, also build fresh ones for training).
 """
 
 from specdec.drafters.base import Context, Drafter
@@ -12,6 +12,7 @@ from specdec.drafters.eagle3 import load_eagle3, save_eagle3
 from specdec.drafters.mtp import load_mtp, save_mtp
 from specdec.drafters.ngram import ngram
 from specdec.drafters.null import null
+from specdec.drafters.suffix import suffix
 
 __all__ = [
   "Context",
@@ -25,4 +26,5 @@ __all__ = [
   "save_block",
   "save_eagle3",
   "save_mtp",
+  "suffix",
 ]

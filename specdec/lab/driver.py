@@ -64,7 +64,7 @@ def check_before_loading(cfg) -> list:
     raise SweepError(f"config.dtype: unknown {cfg.dtype!r}; choose from {list(sweep.DTYPES)}")
   sweep.check_methods(cfg)
   for name, spec in [("target", cfg.target)] + [
-    (f"checkpoints.{m}", cfg.checkpoints[m]) for m in cfg.methods if m not in ("null", "ngram")
+    (f"checkpoints.{m}", cfg.checkpoints[m]) for m in cfg.methods if m not in sweep.MODEL_FREE
   ]:
     path = resolve_path(spec)
     if not os.path.isdir(path):
@@ -191,7 +191,7 @@ def load_models(cfg, dtype, mesh=None) -> tuple:
   drafters = {
     m: sweep.load_drafter(m, cfg.checkpoints[m], target, dtype)
     for m in cfg.methods
-    if m not in ("null", "ngram")
+    if m not in sweep.MODEL_FREE
   }
   return target, drafters
 

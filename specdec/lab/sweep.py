@@ -59,7 +59,7 @@ from specdec.decoding.generate import (
   lower_ahead,
   prompt_bucket,
 )
-from specdec.drafters import draft_lm, ngram, null
+from specdec.drafters import draft_lm, ngram, null, suffix
 from specdec.lab import results
 from specdec.models.fuse import quantized
 from specdec.ops.sampling import Sampling
@@ -70,6 +70,15 @@ TARGET_FORMATS = ("bf16", "nvfp4", "fp8", "exl3_3", "exl3_4")
 # "model": the target's own (its dtype, or FP8 where the checkpoint declares an FP8 KV cache). An
 # FP8 cache on a target without k/v scales runs with scales 1.0 (see specdec.generate).
 KV_DTYPES = ("model", "float32", "bfloat16", "float8_e4m3fn")
+
+
+# Methods built from the config alone, with no checkpoint.
+MODEL_FREE = ("null", "ngram", "suffix")
+# config.suffix where a config has none: arctic-inference's defaults as vLLM sets them, and a
+# small store, since the sweep keeps no earlier requests (they would be memory across legs).
+SUFFIX_DEFAULTS = dict(
+  max_depth=24, max_spec_factor=1.0, max_spec_offset=0.0, min_token_prob=0.1, store_size=256
+)
 
 
 class SweepError(ValueError):
@@ -153,14 +162,25 @@ def expand(cfg) -> list[Cell]:
   return list(dict.fromkeys(cells))
 
 
+def suffix_drafter(cfg):
+  """The suffix drafter of config.suffix (SUFFIX_DEFAULTS for what it leaves out)."""
+  opts = {**SUFFIX_DEFAULTS, **(cfg.suffix.to_dict() if "suffix" in cfg else {})}
+  try:
+    return suffix(**opts)
+  except (TypeError, ValueError) as e:
+    raise SweepError(f"config.suffix: {e}") from e
+
+
 def check_methods(cfg) -> None:
-  known = ("null", "ngram", *cfg.checkpoints.keys())
+  known = (*MODEL_FREE, *cfg.checkpoints.keys())
   for m in cfg.methods:
     if m not in known:
       raise SweepError(
         f"config.methods: unknown method {m!r}; available: {', '.join(known)} "
         "(checkpointed drafters are listed in config.checkpoints)"
       )
+  if "suffix" in cfg.methods:
+    suffix_drafter(cfg)
 
 
 def validate(
@@ -286,6 +306,8 @@ class Runner:
     self.cfg, self.target, self.mesh = cfg, target, mesh
     self._targets = {}  # target format -> the model that decodes (quantized, fused as asked)
     self.drafters = {"null": null(), "ngram": ngram(cfg.ngram.min_n, cfg.ngram.max_n), **drafters}
+    if "suffix" in cfg.methods:
+      self.drafters["suffix"] = suffix_drafter(cfg)
     self.prompts = {
       w: workload_lib.select(workload_lib.load_workload(w), cfg.n_prompts) for w in cfg.workloads
     }
@@ -350,9 +372,10 @@ class Runner:
   def check_memory(self, cell: Cell) -> None:
     """generate()'s memory plan for a full batch of the cell on the target as loaded (fused at
     load, so no second copy; a quantized target, built later, is smaller but stays resident
-    beside it: generate() checks it then)."""
+    beside it: generate() checks it then), after the drafter's own checks of the cell."""
     bucket = self.bucket(cell)
     slots = cache_slots(bucket, self.cfg.max_new_tokens, cell.k)
+    self.drafters[cell.method].validate(self.target.config, cell.k, slots)
     memory.check_fits(
       self.target, self.drafters[cell.method], cell.k, cell.batch, bucket, slots, kv_dtype(cell),
       self.cfg.memory_fraction,

@@ -235,3 +235,13 @@ def test_prompt_ids_order():
   assert wl.prompt_ids("xyz", byte_tokenize) == list(b"xyz")
   with pytest.raises(ValueError, match="vocab_size"):
     wl.prompt_ids("xyz", byte_tokenize, repetition=1)
+
+
+def test_edit_loops_rename_one_identifier_per_turn_of_each_document():
+  loops, docs = wl.load_workload(wl.EDIT_WORKLOAD), wl.source_documents()
+  assert len(loops) == len(docs) and not wl.is_document_workload(wl.EDIT_WORKLOAD)
+  for p, doc in zip(loops, docs, strict=True):
+    turns = (*p.history, p.text)
+    assert len(turns) == wl.EDIT_TURNS and turns[0] in doc.text
+    for j in range(1, len(turns)):
+      assert turns[j] != turns[j - 1] and f"_edit{j}" in turns[j] and "_edit" not in turns[0]

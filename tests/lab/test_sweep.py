@@ -101,6 +101,8 @@ def test_killed_sweep_loses_at_most_the_cell_in_flight(tmp_path):
     (dict(temperatures=(0.6,), acceptances=("greedy",)), "needs temperature=0"),
     (dict(dtype="float8"), "config.dtype"),
     (dict(memory_fraction=1.5), "config.memory_fraction"),
+    (dict(methods=("null", "suffix"), suffix={"store_size": 0}), "config.suffix: .*store_size=0"),
+    (dict(methods=("null", "suffix"), suffix={"max_depth": 4096}), "max_depth=4096 exceeds"),
   ],
 )
 def test_impossible_configs_are_refused_before_running(tmp_path, kw, fragment):
