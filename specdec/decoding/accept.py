@@ -93,3 +93,34 @@ def accept(key, logits_BTV, draft_BJ, q_BJV, s: Sampling, mode: Mode, reject=Fal
   out_BT = jnp.concatenate([draft_BJ, jnp.zeros((B, 1), jnp.int32)], -1)
   out_BT = out_BT.at[b_B, n_acc_B].set(token_B)
   return n_acc_B, out_BT
+
+
+def accept_tree(key, logits_BnV, draft_BJ, tree, s: Sampling, mode: Mode, reject=False):
+  """Acceptance over a static draft tree (specdec/decoding/tree.py). Returns (n_acc [B],
+  out [B, depth+1], path [B, depth+1]): the accepted path is path[:, :n_acc+1] (node 0 the root),
+  out[:, :n_acc] its drafted tokens and out[:, n_acc] the target's token after it; entries past
+  n_acc are meaningless.
+
+  logits_BnV: target logits at the tree's n nodes (root first); draft_BJ: the J = n - 1 drafted
+  nodes' tokens in node order. Greedy: a node is accepted when it and each of its ancestors equal
+  the target's argmax at their parent, and the deepest accepted node wins (the first in node
+  order among equals). reject: only the root is accepted (the same-shape baseline).
+  """
+  del key
+  reject = jnp.asarray(reject) | (mode == "reject")
+  mode = base_mode(mode, s)
+  if not (s.greedy or mode == "greedy"):
+    raise ValueError(f"tree acceptance supports greedy decoding only, got mode {mode!r}")
+  B = logits_BnV.shape[0]
+  b_B = jnp.arange(B)
+  target_Bn = jnp.argmax(logits_BnV, -1).astype(jnp.int32)
+  ok_BJ = draft_BJ == target_Bn[:, tree.parents[1:]]
+  ok_Bn = jnp.concatenate([jnp.ones((B, 1), bool), ok_BJ & ~reject], 1)
+  acc_Bn = jnp.all(ok_Bn[:, None, :] | ~jnp.asarray(tree.ancestors)[None], -1)
+  best_B = jnp.argmax(jnp.where(acc_Bn, jnp.asarray(tree.depths), -1), -1)
+  n_acc_B = jnp.asarray(tree.depths)[best_B]
+  path_BT = jnp.asarray(tree.path_to)[best_B]
+  tokens_Bn = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), draft_BJ], 1)
+  out_BT = jnp.take_along_axis(tokens_Bn, jnp.roll(path_BT, -1, 1), 1)
+  out_BT = out_BT.at[b_B, n_acc_B].set(target_Bn[b_B, best_B])
+  return n_acc_B, out_BT, path_BT
