@@ -71,8 +71,8 @@ def _tree_plan(model, drafter, k, tree, mode):
       f"tree=: a {model.config.model_type} target keeps recurrent state, which a tree verify "
       "would need per node; use a chain (k=) with hybrid targets"
     )
-  if mode != "greedy":
-    raise ValueError(f"tree= supports greedy acceptance only (temperature 0), got {mode!r}")
+  if mode not in ("greedy", "onehot"):
+    raise ValueError(f"tree= supports acceptance 'greedy' or 'onehot', got {mode!r}")
   drafter.validate_tree(t)
   return t, t.depth
 
@@ -185,8 +185,9 @@ def generate(
   partitioned over it; the drafter stays replicated.
   tree: a static draft tree to verify each step instead of a chain, as PATHS of child ranks
   (vLLM's `speculative_token_tree`, e.g. [(0,), (1,), (0, 0)]; specdec.decoding.tree); k is its
-  depth (leave k out or give the same). Greedy only; the drafter must draft trees (ngram,
-  draft_lm); dense targets only.
+  depth (leave k out or give the same). Acceptance greedy or onehot (multi-draft recursive
+  rejection sampling, docs/design.md "Trees"); the drafter must draft trees (ngram, draft_lm);
+  dense targets only.
   """
   if mesh is not None:
     model = sharding.on_mesh(model, mesh)

@@ -16,6 +16,7 @@ from specdec.drafters.base import Context
 from specdec.models.transformer import KVCache
 from specdec.ops.attention import TreeMask
 from specdec.ops.sampling import Sampling
+from tests.decoding import test_spec_gates as gates
 from tests.helpers import tiny_hybrid_model, tiny_model
 
 WIDE = [(0,), (1,), (0, 0), (0, 1), (1, 0)]
@@ -78,7 +79,7 @@ def test_a_path_list_that_is_not_a_tree_is_refused_by_name(paths, fragment):
     (dict(drafter=ngram(), tree=WIDE, k=3), "k=3 disagrees with the tree's depth 2"),
     (dict(drafter=ngram(), tree=[(0,), (0, 2)]), "no sibling"),
     (dict(tree=WIDE), "needs a drafter"),
-    (dict(drafter=ngram(), tree=WIDE, temperature=0.8), "greedy acceptance only"),
+    (dict(drafter=ngram(), tree=WIDE, temperature=0.8, acceptance="fullq"), "'greedy' or 'onehot'"),
     (dict(drafter=ngram(), tree=[(i,) for i in range(100)]), "a tree of 101 nodes.*cache room"),
     (dict(drafter=ngram(), tree=[(0,) * d for d in range(1, 60)], max_slots=64), "cache room"),
   ],
@@ -250,3 +251,46 @@ def test_a_tree_step_shares_the_chain_prefill(model):
                        tree=tree(WIDE))  # fmt: skip
   assert isinstance(tree_sc.tree, Tree) and sc.tree is None
   assert tree_sc.for_prefill == sc.for_prefill
+
+
+# --- Lossless tree sampling: the step's statistical gate (tests/decoding/test_spec_gates.py) ---
+
+small_vocab = gates.small_vocab  # the gate's 12-token target and draft model
+
+
+def _tree_joint(model, drafter, s):
+  """Counts of the first three sampled tokens of gates.PROMPT over gates.N_SAMPLES rows."""
+  V = model.config.vocab_size
+  counts = np.zeros((V, V, V))
+  for seed in range(gates.N_SAMPLES // 10_000):
+    out = specdec.generate(
+      model, [gates.PROMPT] * 10_000, max_new_tokens=3, temperature=s.temperature,
+      top_k=s.top_k, top_p=s.top_p, seed=seed, drafter=drafter, tree=WIDE, acceptance="onehot",
+    )  # fmt: skip
+    t = np.asarray(out.tokens)
+    np.add.at(counts, (t[:, 0], t[:, 1], t[:, 2]), 1)
+  return counts
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.6, 8, 0.9)])
+def test_tree_sampling_is_lossless(small_vocab, temperature, top_k, top_p):
+  """Depth 2 covers tokens 2 and 3 in one step, so both the walk's residuals (two children at the
+  root) and the bonus after a full path are in the joint."""
+  target, draft = small_vocab
+  s = Sampling(temperature, top_k, top_p)
+  counts = _tree_joint(target, draft_lm(draft), s)
+  p = gates._exact_joint(target, s)
+  pval, (tv, eps) = gates._gate(counts, p), gates._tv(counts, p)
+  assert pval > 1e-4 and tv < eps, (pval, tv, eps)
+
+
+def test_negative_control_keeping_a_rejected_childs_mass_fails(small_vocab, monkeypatch):
+  """A walk that forgets the residual (p unchanged after a child is rejected) can still draw
+  the rejected token and over-produces the draft's top tokens: the gate must catch it."""
+  from specdec.decoding import accept as accept_lib  # noqa: PLC0415
+
+  monkeypatch.setattr(accept_lib, "_residual", lambda p_BV, token_B: p_BV)
+  target, draft = small_vocab
+  s = Sampling(1.0, 0, 1.0)
+  counts = _tree_joint(target, draft_lm(draft), s)
+  assert gates._gate(counts, gates._exact_joint(target, s)) < 1e-4
