@@ -13,8 +13,11 @@ flag (`accept(..., reject=)`, the decode state's `reject`), so the baseline runs
 the mode it is compared with: `base_mode` names that mode.
 In all modes, when all k drafts are accepted, the bonus token is drawn from p_k.
 
-Shapes (docs/design.md, "Shape letters"): B rows, J = k draft positions, T = k+1 verify positions,
-V vocabulary.
+Trees (`accept_tree`): greedy takes the deepest path the target's argmax agrees with; onehot walks
+the tree by multi-draft recursive rejection sampling (docs/design.md, "Trees").
+
+Shapes (docs/design.md, "Shape letters"): B rows, J = k draft positions (a tree's drafted nodes),
+T = k+1 verify positions, V vocabulary, n tree nodes, o child ranks.
 """
 
 import typing
@@ -140,7 +143,7 @@ def _walk_tree(key, p_BnV, draft_BJ, tree, reject):
   B, n, V = p_BnV.shape
   b_B = jnp.arange(B)
   width = tree.children.shape[1]
-  children_nc = jnp.asarray(tree.children)
+  children_no = jnp.asarray(tree.children)
   tokens_Bn = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), draft_BJ], 1)
   key_u, key_s = jax.random.split(key)
   node_B = jnp.zeros((B,), jnp.int32)
@@ -150,7 +153,7 @@ def _walk_tree(key, p_BnV, draft_BJ, tree, reject):
     moved_B = jnp.zeros((B,), bool)
     next_B = node_B
     for r in range(width):
-      child_B = children_nc[node_B, r]
+      child_B = children_no[node_B, r]
       tried_B = walking_B & ~moved_B & (child_B >= 0)
       token_B = tokens_Bn[b_B, jnp.maximum(child_B, 0)]
       u_B = jax.random.uniform(jax.random.fold_in(key_u, d * width + r), (B,))

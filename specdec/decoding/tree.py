@@ -6,7 +6,7 @@ The root (node 0) is the newest committed token and is not listed. Nodes are lai
 breadth-first, by (depth, path): node i's K/V goes to slot root + i during a verify, its RoPE
 position is root + depth(i), and it attends to the committed prefix and to its ancestors.
 
-Shapes: n tree nodes with the root (the verify's T), J = n - 1 drafted nodes, c child ranks.
+Shapes: n tree nodes with the root (the verify's T), J = n - 1 drafted nodes, o child ranks.
 """
 
 import dataclasses
@@ -70,7 +70,7 @@ class Tree:
 
   @functools.cached_property
   def children(self) -> np.ndarray:
-    """[n, c] int32: [i, r] is node i's child of rank r, -1 where it has fewer than c children."""
+    """[n, o] int32: [i, r] is node i's child of rank r, -1 where it has fewer than o children."""
     width = max(p[-1] for p in self.paths) + 1
     out = np.full((self.size, width), -1, np.int32)
     for i, p in enumerate(self.paths, 1):

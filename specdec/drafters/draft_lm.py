@@ -84,25 +84,25 @@ class DraftLM(Drafter):
   def propose_tree(self, params, cache, ctx, tree, sampling, key):
     del sampling, key  # children are the draft's top tokens, whatever the target samples
     out = self._refeed(params, cache, ctx)
-    cache, logits_BQV = out.cache, out.logits
+    cache, logits_BmV = out.cache, out.logits
     root_B = ctx.lengths_B - 1
     B = root_B.shape[0]
     tok_Bn = jnp.zeros((B, tree.size), jnp.int32)
     tok_Bn = tok_Bn.at[:, 0].set(jnp.take_along_axis(ctx.tokens_BS, root_B[:, None], 1)[:, 0])
     width = tree.children.shape[1]
     for d in range(tree.depth):
-      q_Q = tree.at_depth(d)
-      q_Q = q_Q[tree.children[q_Q, 0] >= 0]  # nodes of depth d with children
+      q_m = tree.at_depth(d)
+      q_m = q_m[tree.children[q_m, 0] >= 0]  # nodes of depth d with children
       if d:
-        mask = TreeMask(root_B, q_Q, tree.ancestors[q_Q])
-        pos_BQ = jnp.broadcast_to(root_B[:, None] + d, (B, len(q_Q)))
-        o = self.model.module.apply(params, tok_Bn[:, q_Q], pos_BQ, cache, tree=mask)
-        cache, logits_BQV = o.cache, o.logits
-      top_BQc = jax.lax.top_k(logits_BQV, width)[1].astype(jnp.int32)
+        mask = TreeMask(root_B, q_m, tree.ancestors[q_m])
+        pos_Bm = jnp.broadcast_to(root_B[:, None] + d, (B, len(q_m)))
+        o = self.model.module.apply(params, tok_Bn[:, q_m], pos_Bm, cache, tree=mask)
+        cache, logits_BmV = o.cache, o.logits
+      top_Bmo = jax.lax.top_k(logits_BmV, width)[1].astype(jnp.int32)
       for r in range(width):
-        child_Q = tree.children[q_Q, r]
-        has = child_Q >= 0
-        tok_Bn = tok_Bn.at[:, child_Q[has]].set(top_BQc[:, has, r])
+        child_m = tree.children[q_m, r]
+        has = child_m >= 0
+        tok_Bn = tok_Bn.at[:, child_m[has]].set(top_Bmo[:, has, r])
     return tok_Bn[:, 1:], cache
 
   def commit_tree(self, params, cache, ctx, accepted, target):

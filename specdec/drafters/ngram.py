@@ -5,8 +5,8 @@ token buffer on the device; proposals that would run past the committed context 
 Trees: a node's children of ranks 0, 1, .. are the distinct tokens that followed earlier
 occurrences of the node's own suffix (the committed context, then the path down to the node),
 ranked longest match first, then most recent; one search per depth covers its nodes at once.
-Shapes: B rows, S slots, J drafts (a tree's drafted nodes), n tree nodes, Q nodes searched at one
-depth, c child ranks.
+Shapes: B rows, S slots, J drafts (a tree's drafted nodes), n tree nodes, m the nodes one depth
+searches for.
 """
 
 import dataclasses
@@ -62,37 +62,36 @@ class NGram(Drafter):
     tok_Bn = jnp.zeros((B, tree.size), jnp.int32)
     tok_Bn = tok_Bn.at[:, 0].set(jnp.take_along_axis(tokens_BS, (lengths_B - 1)[:, None], 1)[:, 0])
     for d in range(tree.depth):
-      q_Q = tree.at_depth(d)
-      q_Q = q_Q[tree.children[q_Q, 0] >= 0]  # nodes of depth d with children
+      q_m = tree.at_depth(d)
+      q_m = q_m[tree.children[q_m, 0] >= 0]  # nodes of depth d with children
       # Each node's suffix, newest first: its path below the root, then the committed context.
-      ext_BQm = jnp.stack([self._ext(tokens_BS, lengths_B, tok_Bn, tree, q_Q, d, e)
-                           for e in range(self.max_n)], -1)  # fmt: skip
-      score_BQS = jnp.full((B, len(q_Q), S), -1, jnp.int32)
+      ext_Bm = [self._ext(tokens_BS, lengths_B, tok_Bn, tree, q_m, d, e) for e in range(self.max_n)]
+      score_BmS = jnp.full((B, len(q_m), S), -1, jnp.int32)
       for n in range(self.min_n, self.max_n + 1):
-        match_BQS = ((s_S >= n - 1) & (s_S + 1 < lengths_B[:, None]))[:, None, :]
+        match_BmS = ((s_S >= n - 1) & (s_S + 1 < lengths_B[:, None]))[:, None, :]
         for e in range(n):
-          match_BQS &= jnp.roll(tokens_BS, e, axis=1)[:, None, :] == ext_BQm[:, :, e, None]
-        score_BQS = jnp.where(match_BQS, n * S + s_S, score_BQS)  # longer n, then later s
-      cand_BQS = jnp.broadcast_to(next_BS[:, None, :], score_BQS.shape)
+          match_BmS &= jnp.roll(tokens_BS, e, axis=1)[:, None, :] == ext_Bm[e][:, :, None]
+        score_BmS = jnp.where(match_BmS, n * S + s_S, score_BmS)  # longer n, then later s
+      cand_BmS = jnp.broadcast_to(next_BS[:, None, :], score_BmS.shape)
       for r in range(tree.children.shape[1]):
-        best_BQ = jnp.argmax(score_BQS, -1)
-        found_BQ = jnp.max(score_BQS, -1) >= 0
-        pick_BQ = jnp.take_along_axis(cand_BQS, best_BQ[..., None], -1)[..., 0]
-        pick_BQ = jnp.where(found_BQ, pick_BQ, PAD)
-        score_BQS = jnp.where(cand_BQS == pick_BQ[..., None], -1, score_BQS)
-        child_Q = tree.children[q_Q, r]
-        has = child_Q >= 0
-        tok_Bn = tok_Bn.at[:, child_Q[has]].set(pick_BQ[:, has])
+        best_Bm = jnp.argmax(score_BmS, -1)
+        found_Bm = jnp.max(score_BmS, -1) >= 0
+        pick_Bm = jnp.take_along_axis(cand_BmS, best_Bm[..., None], -1)[..., 0]
+        pick_Bm = jnp.where(found_Bm, pick_Bm, PAD)
+        score_BmS = jnp.where(cand_BmS == pick_Bm[..., None], -1, score_BmS)
+        child_m = tree.children[q_m, r]
+        has = child_m >= 0
+        tok_Bn = tok_Bn.at[:, child_m[has]].set(pick_Bm[:, has])
     return tok_Bn[:, 1:], state
 
   @staticmethod
-  def _ext(tokens_BS, lengths_B, tok_Bn, tree, q_Q, d, e):
-    """[B, Q]: token e from the end of each node's suffix (its depth-d path, then the context)."""
+  def _ext(tokens_BS, lengths_B, tok_Bn, tree, q_m, d, e):
+    """[B, m]: token e from the end of each node's suffix (its depth-d path, then the context)."""
     if e < d:
-      return tok_Bn[:, tree.path_to[q_Q, d - e]]
+      return tok_Bn[:, tree.path_to[q_m, d - e]]
     at_B = jnp.maximum(lengths_B - 1 - (e - d), 0)
     return jnp.broadcast_to(
-      jnp.take_along_axis(tokens_BS, at_B[:, None], 1), (len(lengths_B), len(q_Q))
+      jnp.take_along_axis(tokens_BS, at_B[:, None], 1), (len(lengths_B), len(q_m))
     )
 
   def commit_tree(self, params, state, ctx, accepted, target):

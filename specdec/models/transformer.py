@@ -8,6 +8,7 @@ logits are read.
 The KV cache is static: slot s holds the token at absolute position s. A forward writes K/V at
 `positions` and attends to slots <= each query's position, so slots beyond a row's length are
 masked until a later write overwrites them: rollback of rejected drafts is just a smaller length.
+A draft tree's forward (`TreeMask`) writes node i at slot root + i and attends by ancestry.
 
 An FP8 cache (float8_e4m3fn) stores clip(x / scale, +-448) and attention reads f32(code) * scale in
 the compute dtype, with one k and one v scale per layer: the attention params `k_scale` / `v_scale`
