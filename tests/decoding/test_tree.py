@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import specdec
+from specdec.decoding import generate as generate_lib
 from specdec.decoding.accept import accept_tree
 from specdec.decoding.generate import cache_slots
 from specdec.decoding.step import StepConfig, prefill, step
@@ -242,6 +243,15 @@ def test_a_wide_ngram_tree_accepts_more_per_step_than_the_chain_of_its_depth(mod
   chain = specdec.generate(model, [prompt], k=3, **kw).stats
   got = specdec.generate(model, [prompt], tree=wide, **kw).stats
   assert got["tau_accepted"] > chain["tau_accepted"]
+
+
+def test_compile_ahead_builds_what_a_tree_generate_runs(model):
+  # Shapes no other test uses (bucket 32, 11 new tokens), so nothing is cached in memory.
+  kw = dict(max_new_tokens=11, drafter=ngram(), tree=WIDE, min_bucket=32)
+  built = generate_lib.compile_ahead(model, PROMPTS[:2], **kw)
+  assert built.count >= 2  # the prefill and the tree's decode chunk
+  g = specdec.generate(model, PROMPTS[:2], **kw)
+  assert g.stats["compiles"] <= 1 and len(g.tokens[0]) == 11  # at most one tiny eager op
 
 
 def test_a_tree_step_shares_the_chain_prefill(model):
