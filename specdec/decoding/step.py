@@ -204,7 +204,7 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
     root_B = st.lengths - 1
     verify_BT = jnp.concatenate([st.tokens[b_B, root_B][:, None], draft_BJ], 1)
     if tree is None:
-      positions_BT = root_B[:, None] + jnp.arange(k + 1, dtype=jnp.int32)
+      positions_BT = st.lengths[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)
       mask = {}
     else:
       positions_BT = root_B[:, None] + jnp.asarray(tree.depths)[None, :]
