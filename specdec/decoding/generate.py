@@ -246,6 +246,8 @@ def generate(
   stats = {
     "method": drafter.name,
     "k": k,
+    "tree": None if sc.tree is None else [list(p) for p in sc.tree.paths],
+    "verify_width": k + 1 if sc.tree is None else sc.tree.size,  # tokens each verify feeds
     "acceptance": mode,
     "batch": B,
     "prompt_tokens": [len(p) for p in ids],

@@ -217,7 +217,9 @@ def test_generate_with_a_tree_gives_the_baseline_greedy_tokens(model, name, shap
   base = specdec.generate(model, prompts, max_new_tokens=20)
   got = specdec.generate(model, prompts, max_new_tokens=20, drafter=drafter, tree=TREES[shape])
   assert got.tokens == base.tokens
-  assert got.stats["k"] == tree(TREES[shape]).depth
+  t = tree(TREES[shape])
+  assert (got.stats["k"], got.stats["verify_width"]) == (t.depth, t.size)
+  assert got.stats["tree"] == [list(p) for p in t.paths]
   if name == "self":
     assert got.stats["acceptance_rate"] == 1.0
 
