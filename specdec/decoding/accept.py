@@ -13,8 +13,11 @@ flag (`accept(..., reject=)`, the decode state's `reject`), so the baseline runs
 the mode it is compared with: `base_mode` names that mode.
 In all modes, when all k drafts are accepted, the bonus token is drawn from p_k.
 
-Shapes (docs/design.md, "Shape letters"): B rows, J = k draft positions, T = k+1 verify positions,
-V vocabulary.
+Trees (`accept_tree`): greedy takes the deepest path the target's argmax agrees with; onehot walks
+the tree by multi-draft recursive rejection sampling (docs/design.md, "Trees").
+
+Shapes (docs/design.md, "Shape letters"): B rows, J = k draft positions (a tree's drafted nodes),
+T = k+1 verify positions, V vocabulary, n tree nodes, o child ranks.
 """
 
 import typing
@@ -93,3 +96,80 @@ def accept(key, logits_BTV, draft_BJ, q_BJV, s: Sampling, mode: Mode, reject=Fal
   out_BT = jnp.concatenate([draft_BJ, jnp.zeros((B, 1), jnp.int32)], -1)
   out_BT = out_BT.at[b_B, n_acc_B].set(token_B)
   return n_acc_B, out_BT
+
+
+def accept_tree(key, logits_BnV, draft_BJ, tree, s: Sampling, mode: Mode, reject=False):
+  """Acceptance over a static draft tree (specdec/decoding/tree.py). Returns (n_acc [B],
+  out [B, depth+1], path [B, depth+1]): the accepted path is path[:, :n_acc+1] (node 0 the root),
+  out[:, :n_acc] its drafted tokens and out[:, n_acc] the target's token after it; entries past
+  n_acc are meaningless.
+
+  logits_BnV: target logits at the tree's n nodes (root first); draft_BJ: the J = n - 1 drafted
+  nodes' tokens in node order. Greedy: a node is accepted when it and each of its ancestors equal
+  the target's argmax at their parent, and the deepest accepted node wins (the first in node
+  order among equals). onehot: `_walk_tree`. reject: only the root is accepted and the next token
+  comes from p at the root (the same-shape baseline).
+  """
+  reject = jnp.asarray(reject) | (mode == "reject")
+  mode = base_mode(mode, s)
+  B = logits_BnV.shape[0]
+  b_B = jnp.arange(B)
+  depths_n = jnp.asarray(tree.depths)
+  if s.greedy or mode == "greedy":
+    target_Bn = jnp.argmax(logits_BnV, -1).astype(jnp.int32)
+    ok_BJ = draft_BJ == target_Bn[:, tree.parents[1:]]
+    ok_Bn = jnp.concatenate([jnp.ones((B, 1), bool), ok_BJ & ~reject], 1)
+    acc_Bn = jnp.all(ok_Bn[:, None, :] | ~jnp.asarray(tree.ancestors)[None], -1)
+    best_B = jnp.argmax(jnp.where(acc_Bn, depths_n, -1), -1)
+    token_B = target_Bn[b_B, best_B]
+  elif mode == "onehot":
+    best_B, token_B = _walk_tree(key, probs(logits_BnV, s), draft_BJ, tree, reject)
+  else:
+    raise ValueError(f"tree acceptance supports greedy and onehot, got mode {mode!r}")
+  n_acc_B = depths_n[best_B]
+  path_BT = jnp.asarray(tree.path_to)[best_B]
+  tokens_Bn = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), draft_BJ], 1)
+  out_BT = jnp.take_along_axis(tokens_Bn, jnp.roll(path_BT, -1, 1), 1)
+  return n_acc_B, out_BT.at[b_B, n_acc_B].set(token_B), path_BT
+
+
+def _walk_tree(key, p_BnV, draft_BJ, tree, reject):
+  """Multi-draft recursive rejection sampling with one-hot drafts (SpecInfer's rule for a
+  deterministic or independently drawn draft; docs/design.md, "Trees"): at the current node try
+  its children in rank order, accepting child c with probability p(c) under the current p; each
+  rejection sets p <- norm(p with c's token zeroed). An accepted child becomes the current node
+  with its own target p; when every child is rejected (or there are none) the next token is
+  drawn from the current p. Returns (the deepest accepted node [B], that token [B])."""
+  B, n, V = p_BnV.shape
+  b_B = jnp.arange(B)
+  width = tree.children.shape[1]
+  children_no = jnp.asarray(tree.children)
+  tokens_Bn = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), draft_BJ], 1)
+  key_u, key_s = jax.random.split(key)
+  node_B = jnp.zeros((B,), jnp.int32)
+  p_BV = p_BnV[:, 0]
+  walking_B = ~jnp.broadcast_to(reject, (B,))
+  for d in range(tree.depth):
+    moved_B = jnp.zeros((B,), bool)
+    next_B = node_B
+    for r in range(width):
+      child_B = children_no[node_B, r]
+      tried_B = walking_B & ~moved_B & (child_B >= 0)
+      token_B = tokens_Bn[b_B, jnp.maximum(child_B, 0)]
+      u_B = jax.random.uniform(jax.random.fold_in(key_u, d * width + r), (B,))
+      ok_B = tried_B & (u_B < p_BV[b_B, token_B])
+      next_B = jnp.where(ok_B, child_B, next_B)
+      moved_B |= ok_B
+      p_BV = jnp.where((tried_B & ~ok_B)[:, None], _residual(p_BV, token_B), p_BV)
+    node_B = next_B
+    p_BV = jnp.where(moved_B[:, None], p_BnV[b_B, node_B], p_BV)
+    walking_B &= moved_B
+  return node_B, sample(key_s, p_BV)
+
+
+def _residual(p_BV, token_B):
+  """norm(max(p - onehot(token), 0)): p with the rejected token's mass removed, renormalised."""
+  residual_BV = p_BV.at[jnp.arange(p_BV.shape[0]), token_B].set(0.0)
+  mass_B1 = jnp.sum(residual_BV, -1, keepdims=True)
+  # Zero mass only if p was a point mass on the token, which is then accepted surely.
+  return jnp.where(mass_B1 > 0, residual_BV / jnp.maximum(mass_B1, 1e-30), p_BV)

@@ -21,7 +21,9 @@ from specdec.decoding import memory
 from specdec.decoding.accept import Mode, base_mode, validate_mode
 from specdec.decoding.compiles import CompileCounter
 from specdec.decoding.step import PREFILL_CHUNK, StepConfig, decode_chunk, prefill, prefill_fields
+from specdec.decoding.tree import tree as parse_tree
 from specdec.drafters.null import null
+from specdec.models.config import HybridConfig
 from specdec.ops.kv_cache import check_kv_dtype
 from specdec.ops.sampling import Sampling
 
@@ -46,14 +48,33 @@ def cache_slots(bucket: int, max_new: int, k: int) -> int:
   return -(-(bucket + max_new + k + 1) // 64) * 64
 
 
-def check_cache_room(prompt_len: int, max_new_tokens: int, k: int, room: int) -> None:
-  """The last verify writes position prompt + max_new + k: it must fit the model's positions."""
+def check_cache_room(prompt_len: int, max_new_tokens: int, k: int, room: int, what="k+1") -> None:
+  """The last verify writes slot prompt + max_new + k: it must fit the model's positions. A tree
+  writes its n nodes at consecutive slots, so k is then n - 1 (what: "a tree of n nodes")."""
   need = prompt_len + max_new_tokens + k + 1
   if need > room:
     raise ValueError(
-      f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + k+1 ({k + 1}) = {need} "
-      f"exceeds the cache room of {room} positions"
+      f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + {what} ({k + 1}) = "
+      f"{need} exceeds the cache room of {room} positions"
     )
+
+
+def _tree_plan(model, drafter, k, tree, mode):
+  """The parsed tree and the k it implies (its depth), refused where a step cannot verify it."""
+  t = parse_tree(tree)
+  if drafter is None:
+    raise ValueError("tree= needs a drafter that drafts trees (ngram or draft_lm)")
+  if k is not None and k != t.depth:
+    raise ValueError(f"k={k} disagrees with the tree's depth {t.depth}; leave k out with a tree")
+  if isinstance(model.config, HybridConfig):
+    raise ValueError(
+      f"tree=: a {model.config.model_type} target keeps recurrent state, which a tree verify "
+      "would need per node; use a chain (k=) with hybrid targets"
+    )
+  if mode not in ("greedy", "onehot"):
+    raise ValueError(f"tree= supports acceptance 'greedy' or 'onehot', got {mode!r}")
+  drafter.validate_tree(t)
+  return t, t.depth
 
 
 def _prompt_ids(model, prompts) -> list[list[int]]:
@@ -85,26 +106,31 @@ class _Plan:
 
 def _plan(
   model, prompts, max_new_tokens, temperature, top_k, top_p, drafter, k, acceptance, max_slots,
-  min_bucket, kv_dtype, memory_fraction, prefill_chunk,
+  min_bucket, kv_dtype, memory_fraction, prefill_chunk, tree=None,
 ) -> _Plan:  # fmt: skip
   """generate's checks and static choices, all on the host (see generate for the arguments)."""
   sampling = Sampling(float(temperature), top_k, float(top_p))
   sampling.validate()
+  mode = acceptance or ("greedy" if sampling.greedy else "onehot")
+  validate_mode(mode, sampling)
+  if tree is not None:
+    tree, k = _tree_plan(model, drafter, k, tree, base_mode(mode, sampling))
   if drafter is None:
     drafter, k = null(), 0 if k is None else k
   k = 4 if k is None else k
   if not isinstance(k, int) or k < 0 or (k == 0 and drafter.name != "null"):
     raise ValueError(f"k must be an integer >= 1 with a drafter, got k={k!r}")
-  mode = acceptance or ("greedy" if sampling.greedy else "onehot")
-  validate_mode(mode, sampling)
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
 
   ids = _prompt_ids(model, prompts)
   B, longest = len(ids), max(len(p) for p in ids)
   bucket = prompt_bucket(longest, min_bucket)
-  slots = cache_slots(bucket, max_new_tokens, k)
-  check_cache_room(longest, max_new_tokens, k, max_slots or model.config.max_position_embeddings)
+  width = k if tree is None else tree.size - 1  # slots a verify writes after the newest token
+  slots = cache_slots(bucket, max_new_tokens, width)
+  room = max_slots or model.config.max_position_embeddings
+  what = "k+1" if tree is None else f"a tree of {tree.size} nodes"
+  check_cache_room(longest, max_new_tokens, width, room, what)
   drafter.validate(model.config, k, slots)
   kv_dtype = model.kv_dtype if kv_dtype is None else check_kv_dtype(kv_dtype)
   memory.check_fits(model, drafter, k, B, bucket, slots, kv_dtype, memory_fraction)
@@ -114,7 +140,7 @@ def _plan(
     raise ValueError(f"prefill_chunk must be a power of two, got {prefill_chunk}")
   sc = StepConfig(
     model.config, model.dtype, drafter, k, sampling, base_mode(mode, sampling), eos, kv_dtype,
-    prefill_chunk,
+    prefill_chunk, tree,
   )  # fmt: skip
   return _Plan(sc, mode, ids, bucket, slots)
 
@@ -136,6 +162,7 @@ def generate(
   memory_fraction: float | None = memory.DEFAULT_FRACTION,
   prefill_chunk: int = PREFILL_CHUNK,
   mesh=None,
+  tree=None,
 ) -> Generation:
   """Generates from `prompts` (strings or token-id lists) with optional speculative drafting.
 
@@ -156,12 +183,17 @@ def generate(
   mesh: a `specdec.sharding.make_mesh` mesh: the target's params are placed on it (as
   `specdec.load(..., mesh=)` places them; no copy if they already are) and the same step runs
   partitioned over it; the drafter stays replicated.
+  tree: a static draft tree to verify each step instead of a chain, as PATHS of child ranks
+  (vLLM's `speculative_token_tree`, e.g. [(0,), (1,), (0, 0)]; specdec.decoding.tree); k is its
+  depth (leave k out or give the same). Acceptance greedy or onehot (multi-draft recursive
+  rejection sampling, docs/design.md "Trees"); the drafter must draft trees (ngram, draft_lm);
+  dense targets only.
   """
   if mesh is not None:
     model = sharding.on_mesh(model, mesh)
   plan = _plan(
     model, prompts, max_new_tokens, temperature, top_k, top_p, drafter, k, acceptance, max_slots,
-    min_bucket, kv_dtype, memory_fraction, prefill_chunk,
+    min_bucket, kv_dtype, memory_fraction, prefill_chunk, tree,
   )  # fmt: skip
   sc, ids, bucket, slots, B = plan.sc, plan.ids, plan.bucket, plan.slots, plan.batch
   drafter, k, mode = sc.drafter, sc.k, plan.mode
@@ -219,6 +251,8 @@ def generate(
   stats = {
     "method": drafter.name,
     "k": k,
+    "tree": None if sc.tree is None else [list(p) for p in sc.tree.paths],
+    "verify_width": k + 1 if sc.tree is None else sc.tree.size,  # tokens each verify feeds
     "acceptance": mode,
     "batch": B,
     "prompt_tokens": [len(p) for p in ids],

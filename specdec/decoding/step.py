@@ -10,9 +10,15 @@ chunk (`decode_chunk` loops on the device until every row is done). Its four pha
 `jax.named_scope`s of the same names, so a profile attributes each kernel to draft, verify,
 accept or commit. See docs/design.md, "The step".
 
+With a `StepConfig.tree` the step verifies a static draft tree instead of a chain
+(specdec/decoding/tree.py): the drafter proposes one token per node, the verify feeds the root and
+every node under the tree's attention mask, the deepest path the target agrees with is committed,
+and its nodes' K/V move from their node slots to their sequence slots.
+
 Shapes (docs/design.md, "Shape letters"): B rows, S slots, T tokens of a forward (the prompt
-bucket at prefill, k+1 at verify), J = k draft positions, C prefill slice, P positions whose
-logits are read, D model, V vocabulary.
+bucket at prefill, k+1 at verify, the tree's n nodes at a tree verify), J = k draft positions (a
+tree's n - 1 drafted nodes), C prefill slice, P positions whose logits are read, D model, V
+vocabulary.
 """
 
 import dataclasses
@@ -22,13 +28,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec.decoding.accept import Mode, accept
+from specdec.decoding.accept import Mode, accept, accept_tree
 from specdec.decoding.state import DecodeState, counters, ctx_bucket
-from specdec.drafters.base import Context, Drafter
+from specdec.decoding.tree import Tree
+from specdec.drafters.base import Context, Drafter, TreeCommit
 from specdec.models import stack
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import ForwardOut, KVCache, Transformer
 from specdec.ops import sampling as sampling_lib
+from specdec.ops.attention import TreeMask
 
 PREFILL_CHUNK = 2048
 
@@ -49,6 +57,8 @@ class StepConfig:
   # [B, T, N, S] f32 (8.6 GB a layer for an 8k prompt at 32 heads); longer prompts go through in
   # slices of this many tokens, one compiled forward scanned over them.
   prefill_chunk: int = PREFILL_CHUNK
+  # A static draft tree to verify instead of a chain of k drafts (k is then its depth).
+  tree: Tree | None = None
 
   @property
   def module(self) -> Transformer:
@@ -56,8 +66,8 @@ class StepConfig:
 
   @property
   def for_prefill(self) -> "StepConfig":
-    """The fields the prefill reads; the others fixed, so k and mode share its executable."""
-    return dataclasses.replace(self, k=0, mode="onehot")
+    """The fields the prefill reads; the others fixed, so k, mode and tree share its executable."""
+    return dataclasses.replace(self, k=0, mode="onehot", tree=None)
 
   @property
   def draft_sampling(self) -> sampling_lib.Sampling:
@@ -171,28 +181,45 @@ def emit_counts(n_acc_B, emit_BT, budget_B, done_B, eos_ids: tuple[int, ...]):
 def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
   """One draft -> verify -> accept -> commit step over every row (done rows change nothing)."""
   B, S = st.tokens.shape
-  k = sc.k
+  k, tree = sc.k, sc.tree
   b_B = jnp.arange(B)
   key, k_draft, k_accept = jax.random.split(st.key, 3)
+  ctx = Context(st.tokens, st.lengths)
 
   with jax.named_scope("draft"):
-    draft_BJ, q_BJV, draft = sc.drafter.propose(
-      draft_params, st.draft, Context(st.tokens, st.lengths), k, sc.draft_sampling, k_draft
-    )
+    if tree is None:
+      draft_BJ, q_BJV, draft = sc.drafter.propose(
+        draft_params, st.draft, ctx, k, sc.draft_sampling, k_draft
+      )
+    else:  # one token per drafted node, in node order
+      draft_BJ, draft = sc.drafter.propose_tree(
+        draft_params, st.draft, ctx, tree, sc.draft_sampling, k_draft
+      )
 
   with jax.named_scope("verify"):
     # One target forward over [newest committed token, d_1 .. d_k] writes their K/V at slots
     # lengths-1 .. lengths+k-1; whatever the accept phase rejects stays stale past `lengths`.
+    # A tree's nodes take the slots after the root in node order, at positions root + depth.
     # A hybrid target's recurrent layers return their state after each of the k+1 tokens.
-    last_B = st.tokens[b_B, st.lengths - 1]
-    verify_BT = jnp.concatenate([last_B[:, None], draft_BJ], 1)
-    positions_BT = st.lengths[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)
-    out = sc.module.apply(params, verify_BT, positions_BT, st.cache, taps=sc.drafter.taps)
+    root_B = st.lengths - 1
+    verify_BT = jnp.concatenate([st.tokens[b_B, root_B][:, None], draft_BJ], 1)
+    if tree is None:
+      positions_BT = st.lengths[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)
+      mask = {}
+    else:
+      positions_BT = root_B[:, None] + jnp.asarray(tree.depths)[None, :]
+      mask = dict(tree=TreeMask(root_B, np.arange(tree.size), tree.ancestors))
+    out = sc.module.apply(params, verify_BT, positions_BT, st.cache, taps=sc.drafter.taps, **mask)
 
   with jax.named_scope("accept"):
-    n_acc_B, emit_BT = accept(
-      k_accept, out.logits, draft_BJ, q_BJV, sc.sampling, sc.mode, reject=st.reject
-    )
+    if tree is None:
+      n_acc_B, emit_BT = accept(
+        k_accept, out.logits, draft_BJ, q_BJV, sc.sampling, sc.mode, reject=st.reject
+      )
+    else:
+      n_acc_B, emit_BT, path_BT = accept_tree(
+        k_accept, out.logits, draft_BJ, tree, sc.sampling, sc.mode, reject=st.reject
+      )
     n_emit_B, eos_B = emit_counts(n_acc_B, emit_BT, st.max_new - st.generated, st.done, sc.eos_ids)
 
   with jax.named_scope("commit"):
@@ -207,11 +234,20 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
     hist = st.accept_hist.at[b_B, bucket_B, n_acc_B].add(one_B)
     censored = st.censored_hist.at[b_B, bucket_B, n_acc_B].add(cut_B)
     emitted = st.emitted_by_bucket.at[b_B, bucket_B].add(n_emit_B)
-    draft = sc.drafter.commit(draft_params, draft, Context(tokens, lengths), n_acc_B, out)
+    ctx = Context(tokens, lengths)
+    if tree is None:
+      cache = out.cache.settle(n_emit_B)  # the state after the emitted tokens (hybrid targets)
+      draft = sc.drafter.commit(draft_params, draft, ctx, n_acc_B, out)
+    else:
+      # The accepted path's node j sits at slot root + path[j]; its sequence slot is root + j.
+      dst_BT = jnp.where(j_T[None, :] <= n_acc_B[:, None], root_B[:, None] + j_T, S)
+      moved = TreeCommit(path_BT, n_acc_B, root_B[:, None] + path_BT, dst_BT)
+      cache = out.cache.move(moved.src_BT, moved.dst_BT)
+      draft = sc.drafter.commit_tree(draft_params, draft, ctx, moved, out)
     return st.replace(
       tokens=tokens,
       lengths=lengths,
-      cache=out.cache.settle(n_emit_B),  # the state after the emitted tokens (hybrid targets)
+      cache=cache,
       draft=draft,
       key=key,
       done=done,

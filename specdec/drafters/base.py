@@ -7,6 +7,11 @@ weights travel separately as `params`, passed to every call as an argument, neve
   propose(params, state, ctx, k, sampling, key) -> (draft_BJ, q_BJV | None, state)
   commit(params, state, ctx, n_acc_B, target) -> state         after acceptance
 
+Drafters that draft static trees (specdec/decoding/tree.py) also implement
+  validate_tree(tree) -> None                                   on the host, before compiling
+  propose_tree(params, state, ctx, tree, sampling, key) -> (draft_BJ, state)   J = tree nodes
+  commit_tree(params, state, ctx, accepted: TreeCommit, target) -> state
+
 `target` is the target's `ForwardOut` of that call (logits, taps at `taps`, final hidden); `ctx`
 holds the committed token buffer and lengths. Every shape is static; J = k draft positions.
 """
@@ -20,6 +25,16 @@ import jax
 class Context(NamedTuple):
   tokens_BS: jax.Array  # committed tokens; slots >= lengths are stale
   lengths_B: jax.Array  # committed count; tokens_BS[b, lengths_B[b] - 1] is the newest token
+
+
+class TreeCommit(NamedTuple):
+  """What a tree step accepted, and the slot moves it made in the target's cache (a drafter whose
+  cache is laid out like the target's makes the same ones)."""
+
+  path_BT: jax.Array  # [B, depth+1] the accepted path's nodes, the root first; valid to n_acc
+  n_acc_B: jax.Array  # [B] accepted drafts: the path's depth
+  src_BT: jax.Array  # [B, depth+1] slots the path's nodes were verified at: root + node
+  dst_BT: jax.Array  # [B, depth+1] their sequence slots root + depth; S (dropped) past n_acc
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -42,3 +57,13 @@ class Drafter:
 
   def commit(self, params, state, ctx: Context, n_acc_B, target):
     return state
+
+  def validate_tree(self, tree) -> None:
+    """Raises ValueError unless this drafter can draft `tree`, before anything compiles."""
+    raise ValueError(f"drafter {self.name!r} cannot draft trees yet; use ngram or draft_lm")
+
+  def propose_tree(self, params, state, ctx: Context, tree, sampling, key):
+    raise NotImplementedError(f"drafter {self.name!r} cannot draft trees")
+
+  def commit_tree(self, params, state, ctx: Context, accepted: TreeCommit, target):
+    raise NotImplementedError(f"drafter {self.name!r} cannot draft trees")

@@ -8,6 +8,7 @@ logits are read.
 The KV cache is static: slot s holds the token at absolute position s. A forward writes K/V at
 `positions` and attends to slots <= each query's position, so slots beyond a row's length are
 masked until a later write overwrites them: rollback of rejected drafts is just a smaller length.
+A draft tree's forward (`TreeMask`) writes node i at slot root + i and attends by ancestry.
 
 An FP8 cache (float8_e4m3fn) stores clip(x / scale, +-448) and attention reads f32(code) * scale in
 the compute dtype, with one k and one v scale per layer: the attention params `k_scale` / `v_scale`
@@ -25,8 +26,8 @@ import jax.numpy as jnp
 from specdec import sharding
 from specdec.models.config import ModelConfig
 from specdec.models.rope import apply_rope, inv_freq_and_scale
-from specdec.ops.attention import attend
-from specdec.ops.kv_cache import KV_SCALES, check_kv_dtype, write_cache
+from specdec.ops.attention import TreeMask, attend
+from specdec.ops.kv_cache import KV_SCALES, check_kv_dtype, move_slots, write_cache
 from specdec.ops.qmatmul import matmul
 
 
@@ -50,6 +51,11 @@ class KVCache:
     """The cache a step commits: this one as it is (stale slots past `lengths` are masked)."""
     del n_B
     return self
+
+  def move(self, src_BT, dst_BT) -> "KVCache":
+    """Every layer's K/V at slots src_BT copied to dst_BT (`move_slots`; dst >= S dropped)."""
+    k = tuple(move_slots(x, src_BT, dst_BT) for x in self.k)
+    return KVCache(k=k, v=tuple(move_slots(x, src_BT, dst_BT) for x in self.v))
 
 
 class ForwardOut(NamedTuple):
@@ -100,7 +106,7 @@ class Attention(nn.Module):
     return 1.0
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH):
+  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH, tree: TreeMask | None = None):
     c = self.config
     B, T, _ = x_BTD.shape
     N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
@@ -121,9 +127,10 @@ class Attention(nn.Module):
     q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq, scale)
     k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq, scale)
     k_scale, v_scale = (self.kv_scale(n) for n in KV_SCALES)
-    k_BSKH = write_cache(k_BSKH, k_BTKH, positions_BT, k_scale)
-    v_BSKH = write_cache(v_BSKH, v_BTKH, positions_BT, v_scale)
-    o_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
+    slots_BT = positions_BT if tree is None else tree.slots_BT
+    k_BSKH = write_cache(k_BSKH, k_BTKH, slots_BT, k_scale)
+    v_BSKH = write_cache(v_BSKH, v_BTKH, slots_BT, v_scale)
+    o_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale, tree)
     out_BTD = Linear(c.hidden_size, c.attention_bias, name="o_proj")(o_BTNH.reshape(B, T, N * H))
     return out_BTD, k_BSKH, v_BSKH
 
@@ -147,10 +154,10 @@ class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH):
+  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH, tree: TreeMask | None = None):
     c = self.config
     h_BTD = RMSNorm(c.rms_norm_eps, name="attn_norm")(x_BTD)
-    a_BTD, k_BSKH, v_BSKH = Attention(c, name="attn")(h_BTD, positions_BT, k_BSKH, v_BSKH)
+    a_BTD, k_BSKH, v_BSKH = Attention(c, name="attn")(h_BTD, positions_BT, k_BSKH, v_BSKH, tree)
     x_BTD = x_BTD + a_BTD
     x_BTD = x_BTD + MLP(c, name="mlp")(RMSNorm(c.rms_norm_eps, name="mlp_norm")(x_BTD))
     return x_BTD, k_BSKH, v_BSKH
@@ -186,6 +193,7 @@ class Transformer(nn.Module):
     logits_at_BP=None,
     inputs_BTD=None,
     n_commit_B=None,
+    tree: TreeMask | None = None,
   ) -> ForwardOut:
     """One forward over T new tokens at `positions`, writing their K/V into `cache`.
 
@@ -193,12 +201,14 @@ class Transformer(nn.Module):
     logits_at_BP: optional indices into T; only those positions go through the LM head.
     inputs_BTD: embeddings to use instead of embedding `tokens_BT`.
     n_commit_B: unused; a KV cache needs no commit count (the hybrid stack's state does).
+    tree: the tokens are nodes of a draft tree: K/V go to the tree's slots and attention follows
+    its ancestors (`TreeMask`); positions are then each node's root + depth.
     """
     del n_commit_B
     x_BTD = self.embed_tokens(tokens_BT) if inputs_BTD is None else inputs_BTD.astype(self.dtype)
     ks, vs, tapped = [], [], {}
     for i, block in enumerate(self.blocks):
-      x_BTD, k, v = block(x_BTD, positions_BT, cache.k[i], cache.v[i])
+      x_BTD, k, v = block(x_BTD, positions_BT, cache.k[i], cache.v[i], tree)
       ks.append(k)
       vs.append(v)
       tapped[i] = x_BTD

@@ -1,12 +1,15 @@
 """Attention over the static KV cache, with its one dispatch point: the Pallas decode kernel or XLA.
 
-Shapes: B batch, T queries, S cache slots, N query heads, K kv heads, G = N / K, H head dim.
+Shapes: B batch, T queries, S cache slots, N query heads, K kv heads, G = N / K, H head dim,
+n nodes of a draft tree.
 """
 
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from kernels_pallas import decode_attention
@@ -15,26 +18,41 @@ from specdec.ops.kv_cache import from_cache
 ATTENTION_PATHS = ("auto", "xla")  # what `attention_path` returns
 
 
+class TreeMask(NamedTuple):
+  """A forward over nodes of a draft tree (specdec/decoding/tree.py): node i's K/V lives at slot
+  root_B + i, and a query reads the committed slots before the root plus the node slots sees_Tn
+  marks (its ancestors and itself). RoPE positions stay the forward's `positions` (root + depth)."""
+
+  root_B: jax.Array  # [B] slot of the root, the newest committed token
+  nodes_T: np.ndarray  # [T] int: the tree node each query is
+  sees_Tn: np.ndarray  # [T, n] bool
+
+  @property
+  def slots_BT(self):
+    return self.root_B[:, None] + jnp.asarray(self.nodes_T, jnp.int32)[None, :]
+
+
 def attention_path() -> str:
   """The attention path result rows record: "xla" when SPECDEC_ATTENTION=xla forces `attend_xla`,
   else "auto" (the kernel where `attend` can use it)."""
   return "xla" if os.environ.get("SPECDEC_ATTENTION", "") == "xla" else "auto"
 
 
-def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0):
-  """Each query t of row b over the cache slots <= positions[b, t], caches as stored (an FP8
-  cache's codes read as code x scale, `from_cache`): kernels_pallas's decode attention on a GPU
-  where it applies (a few queries per kv head; measured faster in docs/benchmarks.md; FP8 codes
-  read as they are where SMEM allows, else widened first), else `attend_xla`.
-  SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
-  da = _attention_kernels()
+def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0, tree=None):
+  """Each query t of row b over the cache slots <= positions[b, t] (or, with a `TreeMask`, the
+  slots it marks), caches as stored (an FP8 cache's codes read as code x scale, `from_cache`):
+  kernels_pallas's decode attention on a GPU where it applies (a few queries per kv head; measured
+  faster in docs/benchmarks.md; FP8 codes read as they are where SMEM allows, else widened
+  first), else `attend_xla`. SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
+  # The kernel masks by position alone, so a tree forward takes the XLA path for now.
+  da = _attention_kernels() if tree is None else None
   if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # the caches as stored
     return by_heads(da.decode_attention)(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
   k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
   v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
   if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # FP8 codes over SMEM, widened
     return by_heads(da.decode_attention)(q_BTNH, k_BSKH, v_BSKH, positions_BT)
-  return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+  return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT, tree)
 
 
 def by_heads(kernel):
@@ -64,14 +82,25 @@ def _attention_kernels():
   return decode_attention
 
 
-def attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT):
+def visible(positions_BT, slots: int, tree: TreeMask | None = None):
+  """[B, T, S] bool: the slots each query reads; causal by position, or a tree's mask."""
+  slots_S = jnp.arange(slots)
+  if tree is None:
+    return slots_S[None, None, :] <= positions_BT[:, :, None]
+  n = tree.sees_Tn.shape[1]
+  off_BS = slots_S[None, :] - tree.root_B[:, None]  # node index where the slot holds a node
+  sees_TBS = jnp.asarray(tree.sees_Tn)[:, jnp.clip(off_BS, 0, n - 1)]
+  in_tree_BS = (off_BS >= 0) & (off_BS < n)
+  return (off_BS < 0)[:, None, :] | (in_tree_BS[:, None, :] & jnp.moveaxis(sees_TBS, 0, 1))
+
+
+def attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT, tree: TreeMask | None = None):
   B, T, N, H = q_BTNH.shape
   K = k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
   s_BTKGS = jnp.einsum("BTKGH,BSKH->BTKGS", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
   s_BTKGS = s_BTKGS * (H**-0.5)
-  slots_S = jnp.arange(k_BSKH.shape[1])
-  visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
+  visible_BTS = visible(positions_BT, k_BSKH.shape[1], tree)
   s_BTKGS = jnp.where(visible_BTS[:, :, None, None, :], s_BTKGS, -1e30)
   p_BTKGS = jax.nn.softmax(s_BTKGS, axis=-1).astype(v_BSKH.dtype)
   o_BTKGH = jnp.einsum("BTKGS,BSKH->BTKGH", p_BTKGS, v_BSKH, preferred_element_type=jnp.float32)

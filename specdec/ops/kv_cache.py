@@ -46,3 +46,10 @@ def write_cache(cache_BSKH, new_BTKH, positions_BT, scale=1.0):
   b_BT = jnp.broadcast_to(jnp.arange(new_BTKH.shape[0])[:, None], positions_BT.shape)
   new_BTKH = to_cache(new_BTKH, cache_BSKH.dtype, scale)
   return cache_BSKH.at[b_BT, positions_BT].set(new_BTKH, mode="drop")
+
+
+def move_slots(cache_BSKH, src_BT, dst_BT):
+  """Copies the entries at slots src_BT to slots dst_BT (all read before any is written); a
+  destination >= S is dropped. A tree step moves its accepted nodes to their sequence slots."""
+  b_BT = jnp.broadcast_to(jnp.arange(cache_BSKH.shape[0])[:, None], src_BT.shape)
+  return cache_BSKH.at[b_BT, dst_BT].set(cache_BSKH[b_BT, src_BT], mode="drop")
