@@ -1,0 +1,187 @@
+"""k="auto": the estimator, the choice, greedy identity, losslessness, the cost curve, bad input."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec
+from specdec.decoding import budget as budget_lib
+from specdec.decoding import step_costs as step_costs_lib
+from specdec.decoding.budget import Budget
+from specdec.drafters import block, draft_lm, eagle3, mtp, ngram
+from specdec.drafters.draft_lm import DraftLM
+from specdec.drafters.ngram import NGram
+from specdec.ops import sampling as S
+from tests.decoding.test_spec_gates import (
+  Corrupted,
+  _exact_joint,
+  _gate,
+  _sampled_joint,
+  _tv,
+  small_vocab,  # noqa: F401  (a fixture)
+)
+from tests.helpers import tiny_model
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3], [1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 4]]
+SMALL = Budget(tiers=(1, 2, 4))
+COSTS = (1.0, 1.1, 1.2)  # a memory-bound curve: a wider verify costs little more
+WIDE, WIDE_COSTS = Budget(tiers=(1, 2, 4, 8)), (1.0, 1.1, 1.2, 1.4)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return tiny_model(num_hidden_layers=6)  # EAGLE-3 taps three distinct layers
+
+
+@pytest.fixture(scope="module")
+def baseline(model):
+  return specdec.generate(model, PROMPTS, max_new_tokens=24).tokens
+
+
+# --- the estimator and the choice, on their own ------------------------------------------------
+
+
+def test_expected_tokens_follow_the_survival_sum():
+  alpha_BJ = jnp.asarray([[1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+  e = np.asarray(budget_lib.expected_tokens(alpha_BJ, (1, 2, 4)))
+  np.testing.assert_allclose(e, [[2, 3, 5], [1.5, 1.75, 1.9375]])
+
+
+def test_choice_maximises_the_running_rows_goodput():
+  alpha_BJ = jnp.asarray([[0.9] * 4, [0.0] * 4])
+  costs = jnp.asarray([1.0, 1.1, 1.2])
+  both = budget_lib.choose(alpha_BJ, jnp.asarray([True, True]), costs, (1, 2, 4))
+  # Summed E: (1.9 + 1, 2.71 + 1, 4.44 + 1) / costs = 2.9, 3.37, 4.53: tier 4.
+  assert int(both) == 2
+  # The good row done: the other's E is 1 at every tier, so the cheapest wins.
+  assert int(budget_lib.choose(alpha_BJ, jnp.asarray([False, True]), costs, (1, 2, 4))) == 0
+  # A steep curve makes the same estimates pick a short draft.
+  steep = jnp.asarray([1.0, 1.6, 3.0])
+  assert int(budget_lib.choose(alpha_BJ, jnp.asarray([True, False]), steep, (1, 2, 4))) == 0
+
+
+def test_observe_moves_judged_positions_and_pulls_the_rest():
+  bud = Budget(tiers=(1, 2, 4), decay=0.5, prior=0.5)
+  b = jax.tree.map(jnp.asarray, budget_lib.init_state(2, bud, slots=8))
+  # Tier index 1 (k = 2): row 0 accepted 1 of 2 drafts, row 1 is done.
+  out = budget_lib.observe(
+    b, 1, jnp.int32(2), jnp.asarray([True, False]), jnp.asarray([1, 0]), bud
+  )  # fmt: skip
+  a = np.asarray(out.alpha_BJ)
+  # Row 0: draft 1 accepted (0.75), draft 2 rejected (0.25); drafts 3, 4 halfway to 0.25.
+  np.testing.assert_allclose(a[0], [0.75, 0.25, 0.375, 0.375])
+  np.testing.assert_allclose(a[1], [0.5] * 4)  # a done row learns nothing
+  assert np.asarray(out.reached_BJ).tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
+  assert np.asarray(out.accepted_BJ).tolist() == [[1, 0, 0, 0], [0, 0, 0, 0]]
+  assert np.asarray(out.tier_hist_BN).tolist() == [[0, 1, 0], [0, 0, 0]]
+  assert np.asarray(out.trace_L)[:2].tolist() == [1, -1] and int(out.n_loop) == 1
+
+
+# --- greedy identity ---------------------------------------------------------------------------
+
+
+def _drafter(kind, model):
+  return {
+    "ngram": lambda: ngram(min_n=1, max_n=3),
+    "draft_self": lambda: draft_lm(model),
+    "draft_other": lambda: draft_lm(tiny_model(seed=1, num_hidden_layers=6)),
+    "mtp": lambda: mtp.mtp(model),
+    "eagle3": lambda: eagle3.eagle3(model),
+    "block": lambda: block.block(model),
+  }[kind]()
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft_self", "draft_other", "mtp", "eagle3", "block"])
+def test_greedy_auto_is_token_identical_to_the_baseline(model, baseline, kind):
+  out = specdec.generate(
+    model, PROMPTS, max_new_tokens=24, drafter=_drafter(kind, model), k="auto", budget=SMALL,
+    step_costs=COSTS,
+  )  # fmt: skip
+  assert out.tokens == baseline
+  s = out.stats
+  assert s["k"] == "auto" and s["tiers"] == [1, 2, 4]
+  assert sum(s["tier_hist"]) == s["steps"] == sum(s["rows"]["steps"])
+  assert s["proposed"] == sum(n * k for n, k in zip(s["tier_hist"], s["tiers"], strict=True))
+  assert len(s["k_trace"]) == s["loop_steps"] and set(s["k_trace"]) <= {1, 2, 4}
+  assert 1.0 <= s["tau"] <= 5.0 and 1.0 <= s["mean_k"] <= 4.0
+  if kind == "draft_self":  # always right: the largest tier, every draft accepted
+    assert s["tau"] > 3 and s["per_position_cond"] == [1.0] * 4
+
+
+def test_greedy_auto_matches_a_fixed_k(model):
+  drafter = ngram(min_n=1, max_n=3)
+  fixed = specdec.generate(model, PROMPTS, max_new_tokens=24, drafter=drafter, k=2)
+  auto = specdec.generate(
+    model, PROMPTS, max_new_tokens=24, drafter=drafter, k="auto", budget=SMALL, step_costs=COSTS
+  )
+  assert auto.tokens == fixed.tokens
+
+
+# --- the estimator moves the choice ------------------------------------------------------------
+
+
+def _auto(model, drafter, n=96):
+  return specdec.generate(
+    model, [PROMPTS[0]], max_new_tokens=n, drafter=drafter, k="auto", budget=WIDE,
+    step_costs=WIDE_COSTS,
+  ).stats  # fmt: skip
+
+
+def test_an_always_right_drafter_gets_the_largest_tier(model):
+  s = _auto(model, Corrupted(model=model, rate=1.0))
+  assert s["k_trace"][-4:] == [8] * 4, s["k_trace"]
+  assert s["tier_hist"][-1] > s["steps"] / 2
+  assert s["acceptance_rate"] == 1.0
+
+
+def test_an_always_wrong_drafter_gets_the_smallest_tier(model):
+  s = _auto(model, Corrupted(model=model, rate=0.0))
+  assert s["k_trace"][-8:] == [1] * 8, s["k_trace"]
+  assert s["tier_hist"][0] > s["steps"] * 0.8
+  assert s["accepted"] == 0 and s["tau"] == 1.0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Phased(DraftLM):
+  """The target as its own drafter while a row holds fewer than `until` tokens, wrong after."""
+
+  until: int = 48
+
+  def propose(self, params, state, ctx, k, sampling, key):
+    draft_BJ, q, state = super().propose(params, state, ctx, k, sampling, key)
+    late_B1 = (ctx.lengths_B >= self.until)[:, None]
+    wrong_BJ = (draft_BJ + 1) % self.model.config.vocab_size
+    return jnp.where(late_B1, wrong_BJ, draft_BJ), q, state
+
+
+def test_the_choice_follows_acceptance_along_a_request(model):
+  s = _auto(model, Phased(model=model), n=112)
+  trace = s["k_trace"]
+  assert 8 in trace[:8], trace  # right early: the largest tier is reached
+  assert trace[-8:] == [1] * 8, trace  # wrong later: back to the smallest
+
+
+# --- losslessness ------------------------------------------------------------------------------
+
+
+def test_auto_sampling_is_lossless(small_vocab, monkeypatch):  # noqa: F811
+  target, draft = small_vocab
+  s = S.Sampling(1.0, 0, 1.0)
+  # Default tiers (1, 2, 4, 8). At the prior this curve picks k = 2 (goodput 1.5, 1.59, 1.29,
+  # 0.8); rows whose drafts were rejected then move on at k = 1: both tiers run in one decode.
+  costs = np.asarray([1.0, 1.1, 1.5, 2.5])
+  monkeypatch.setattr(step_costs_lib, "cost_curve", lambda *a, **kw: costs)
+  counts = _sampled_joint(target, draft_lm(draft), s, "onehot", k="auto")
+  p = _exact_joint(target, s)
+  pval, (tv, eps) = _gate(counts, p), _tv(counts, p)
+  assert pval > 1e-4 and tv < eps, (pval, tv, eps)
+  out = specdec.generate(
+    target, [[3, 7, 1]] * 512, max_new_tokens=3, temperature=1.0, drafter=draft_lm(draft),
+    k="auto",
+  )  # fmt: skip
+  hist = out.stats["tier_hist"]
+  assert hist[0] > 0 and hist[1] > 0, hist
