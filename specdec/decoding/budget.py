@@ -181,15 +181,15 @@ def check_tier_shapes(params, draft_params, st: DecodeState, sc: StepConfig, bud
     got, got_def = jax.tree_util.tree_flatten_with_path(out)
     if got_def != want_def:
       raise ValueError(
-        f"k='auto': the {sc.drafter.name} drafter's state has another structure at k={c.k} "
-        f"than at k={budget.k_max}; use a fixed k with this drafter"
+        f"k='auto': a k={c.k} step returns the {sc.drafter.name} drafter's state in another "
+        "structure than it takes; use a fixed k with this drafter"
       )
     for (path, w), (_, g) in zip(want, got, strict=True):
       if (w.shape, w.dtype) != (g.shape, g.dtype):
         raise ValueError(
           f"k='auto': the {sc.drafter.name} drafter's state differs between tiers "
-          f"({jax.tree_util.keystr(path)} is {w.shape} {w.dtype} at k={budget.k_max}, "
-          f"{g.shape} {g.dtype} at k={c.k}); use a fixed k with this drafter"
+          f"(state{jax.tree_util.keystr(path)} enters a k={c.k} step as {w.shape} {w.dtype} and "
+          f"leaves it as {g.shape} {g.dtype}); use a fixed k with this drafter"
         )
 
 
@@ -198,31 +198,45 @@ def _ratio(num, den) -> list[float]:
   return np.where(den > 0, num / np.maximum(den, 1), np.nan).tolist()
 
 
-def summary(b: BudgetState, budget: Budget, steps: int, proposed: int, accepted: int) -> dict:
-  """generate's stats of an auto decode from the host copy of its `BudgetState`.
+COUNT_FIELDS = ("tier_hist", "position_offered", "position_reached", "position_accepted")
 
-  The accept histogram pools steps of every tier, so the fields that assume one k are replaced
-  by exact counts: per_position_cond[j] = accepted_j / reached_j, per_position_uncond[j] =
-  accepted_j / the steps whose tier offered draft j, alpha = S / (S + F) over the judged drafts,
-  and predicted_tau (Leviathan's, for one fixed k) is NaN.
-  """
+
+def counts(b: BudgetState, budget: Budget) -> dict:
+  """The host copy of an auto decode's counts, summed over rows: steps per tier, and per draft
+  position the steps whose tier offered it, that judged it, that accepted it; plus the k of each
+  loop step in order (`k_trace`)."""
   tiers = np.asarray(budget.tiers)
   hist_N = np.asarray(b.tier_hist_BN).sum(0)
-  reached_J, acc_J = np.asarray(b.reached_BJ).sum(0), np.asarray(b.accepted_BJ).sum(0)
-  offered_J = [int(hist_N[tiers > j].sum()) for j in range(budget.k_max)]
-  s, f = float(acc_J.sum()), float((reached_J - acc_J).sum())
   trace_L = np.asarray(b.trace_L)[: int(b.n_loop)]
   return {
-    "k": "auto",
     "tiers": tiers.tolist(),
-    "tier_hist": hist_N.tolist(),  # row-steps at each tier
-    "k_trace": tiers[trace_L].tolist(),  # the k of each loop step, in order
+    "tier_hist": hist_N.tolist(),
+    "position_offered": [int(hist_N[tiers > j].sum()) for j in range(budget.k_max)],
+    "position_reached": np.asarray(b.reached_BJ).sum(0).tolist(),
+    "position_accepted": np.asarray(b.accepted_BJ).sum(0).tolist(),
+    "k_trace": tiers[trace_L].tolist(),
+  }
+
+
+def summary(c: dict, steps: int, proposed: int, accepted: int) -> dict:
+  """The acceptance fields of an auto decode from `counts` (pooled over calls or not) and the
+  decode's exact step, proposed and accepted totals.
+
+  The accept histogram pools steps of every tier, so the fields that assume one k are replaced:
+  per_position_cond[j] = accepted_j / reached_j, per_position_uncond[j] = accepted_j / the steps
+  whose tier offered draft j, alpha = S / (S + F) over the judged drafts (S accepted, F rejected),
+  and predicted_tau (Leviathan's, for one fixed k) is NaN.
+  """
+  reached_J, acc_J = np.asarray(c["position_reached"]), np.asarray(c["position_accepted"])
+  s, f = float(acc_J.sum()), float((reached_J - acc_J).sum())
+  return {
+    "k": "auto",
     "mean_k": proposed / steps if steps else float("nan"),
     "proposed": proposed,
     "accepted": accepted,
     "acceptance_rate": accepted / proposed if proposed else float("nan"),
     "per_position_cond": _ratio(acc_J, reached_J),
-    "per_position_uncond": _ratio(acc_J, offered_J),
+    "per_position_uncond": _ratio(acc_J, c["position_offered"]),
     "alpha": s / (s + f) if s + f else float("nan"),
     "predicted_tau": float("nan"),
   }

@@ -303,9 +303,8 @@ def generate(
     b = jax.device_get(st.budget)
     stats["rows"]["tier_hist"] = np.asarray(b.tier_hist_BN).tolist()
     total = lambda name: int(counts[name].sum())  # noqa: E731
-    stats |= budget_lib.summary(
-      b, plan.budget, total("steps"), total("proposed"), total("accepted")
-    )  # fmt: skip
+    stats |= budget_lib.counts(b, plan.budget)
+    stats |= budget_lib.summary(stats, total("steps"), total("proposed"), total("accepted"))
   return Generation(tokens=out, texts=[model.decode(o) for o in out], stats=stats)
 
 

@@ -132,7 +132,7 @@ def _auto(model, drafter, n=96):
 
 
 def test_an_always_right_drafter_gets_the_largest_tier(model):
-  s = _auto(model, Corrupted(model=model, rate=1.0))
+  s = _auto(model, Corrupted(model=model, rate=1.0), n=200)
   assert s["k_trace"][-4:] == [8] * 4, s["k_trace"]
   assert s["tier_hist"][-1] > s["steps"] / 2
   assert s["acceptance_rate"] == 1.0
@@ -185,3 +185,96 @@ def test_auto_sampling_is_lossless(small_vocab, monkeypatch):  # noqa: F811
   )  # fmt: skip
   hist = out.stats["tier_hist"]
   assert hist[0] > 0 and hist[1] > 0, hist
+
+
+# --- the cost curve ----------------------------------------------------------------------------
+
+
+def test_the_cost_curve_is_measured_once_then_loaded(tmp_path, monkeypatch):
+  small = tiny_model(num_hidden_layers=1)
+  bud = Budget(tiers=(1, 4))
+  args = (small, ngram(), bud, 2, 128, 16)  # batch 2, 128 slots, a 16-token context
+  first = step_costs_lib.cost_curve(*args, cache_dir=tmp_path, n_steps=4, reps=2)
+  assert first.shape == (2,) and np.all(np.isfinite(first) & (first > 0))
+  (saved,) = tmp_path.glob("*.json")
+  stored = json.loads(saved.read_text())
+  assert stored["key"]["batch"] == 2 and stored["key"]["tiers"] == [1, 4]
+  assert stored["key"]["backend"] == "cpu" and stored["seconds"] == first.tolist()
+
+  def refuse(*a, **kw):
+    raise AssertionError("measured again")
+
+  monkeypatch.setattr(step_costs_lib, "measure", refuse)
+  np.testing.assert_array_equal(step_costs_lib.cost_curve(*args, cache_dir=tmp_path), first)
+  with pytest.raises(AssertionError, match="measured again"):  # another batch: another key
+    step_costs_lib.cost_curve(small, ngram(), bud, 3, 128, 16, cache_dir=tmp_path)
+
+
+def test_generate_measures_the_curve_for_its_own_shapes(tmp_path, monkeypatch):
+  small = tiny_model(num_hidden_layers=1)
+  monkeypatch.setenv(step_costs_lib.COST_CACHE_ENV, str(tmp_path))
+  kw = dict(max_new_tokens=8, drafter=ngram(), k="auto", budget=Budget(tiers=(1, 2)))
+  out = specdec.generate(small, PROMPTS[:2], **kw)
+  (saved,) = tmp_path.glob("*.json")
+  key = json.loads(saved.read_text())["key"]
+  assert key["batch"] == 2 and key["context"] == 7 and key["drafter"]["name"] == "ngram"
+  assert out.tokens == specdec.generate(small, PROMPTS[:2], max_new_tokens=8).tokens
+
+
+# --- bad input, refused before anything compiles -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "tiers, match",
+  [((0, 2), "integers >= 1"), ((2, 1), "strictly increasing"), ((1, 1), "strictly increasing"),
+   (("4",), "integers >= 1"), ((), "integers >= 1")],
+)  # fmt: skip
+def test_bad_tiers_are_refused(model, tiers, match):
+  with pytest.raises(ValueError, match=match):
+    specdec.generate(model, PROMPTS, drafter=ngram(), k="auto", budget=Budget(tiers=tiers))
+
+
+def test_a_tier_past_the_cache_room_is_refused(model):
+  with pytest.raises(ValueError, match="largest budget tier, k=500.*cache room"):
+    specdec.generate(
+      model, PROMPTS, max_new_tokens=8, drafter=ngram(), k="auto", budget=Budget(tiers=(1, 500))
+    )
+
+
+@pytest.mark.parametrize("costs", [(1.0, 2.0), (1.0, 0.0, 1.0), (1.0, float("nan"), 1.0)])
+def test_a_bad_cost_curve_is_refused(model, costs):
+  with pytest.raises(ValueError, match="step_costs must be 3 positive finite"):
+    specdec.generate(
+      model, PROMPTS, drafter=ngram(), k="auto", budget=SMALL, step_costs=costs, max_new_tokens=4
+    )
+
+
+def test_auto_without_a_drafter_and_tiers_without_auto_are_refused(model):
+  with pytest.raises(ValueError, match="k='auto' needs a drafter"):
+    specdec.generate(model, PROMPTS, k="auto")
+  with pytest.raises(ValueError, match="k='auto' needs a drafter"):
+    specdec.generate(model, PROMPTS, drafter=specdec.drafters.null(), k="auto")
+  with pytest.raises(ValueError, match="budget= chooses the tiers of k='auto', got k=4"):
+    specdec.generate(model, PROMPTS, drafter=ngram(), k=4, budget=SMALL)
+  with pytest.raises(ValueError, match="or 'auto', got k='four'"):
+    specdec.generate(model, PROMPTS, drafter=ngram(), k="four")
+
+
+@dataclasses.dataclass(frozen=True)
+class Remembers(NGram):
+  """An n-gram drafter that keeps its last drafts: a state whose shape follows k."""
+
+  def init(self, params, prompt_BT, lengths_B, target):
+    return jnp.zeros((prompt_BT.shape[0], 0), jnp.int32)
+
+  def propose(self, params, state, ctx, k, sampling, key):
+    draft_BJ, q, _ = super().propose(params, state, ctx, k, sampling, key)
+    return draft_BJ, q, draft_BJ
+
+
+def test_a_drafter_whose_state_follows_k_is_refused(model):
+  with pytest.raises(
+    ValueError,
+    match=r"ngram drafter.s state differs between tiers \(state.draft enters a k=1 step as \(3, 0\)",
+  ):
+    specdec.generate(model, PROMPTS, drafter=Remembers(), k="auto", budget=SMALL, step_costs=COSTS)
