@@ -275,6 +275,7 @@ class Remembers(NGram):
 def test_a_drafter_whose_state_follows_k_is_refused(model):
   with pytest.raises(
     ValueError,
-    match=r"ngram drafter.s state differs between tiers \(state.draft enters a k=1 step as \(3, 0\)",
+    match=r"ngram drafter.s state differs between tiers \(state.draft enters a k=1 step as "
+    r"\(3, 0\)",
   ):
     specdec.generate(model, PROMPTS, drafter=Remembers(), k="auto", budget=SMALL, step_costs=COSTS)
