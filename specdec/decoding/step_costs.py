@@ -107,17 +107,18 @@ def cost_curve(
   model, drafter, budget: Budget, batch: int, slots: int, context: int, kv_dtype=None,
   cache_dir: Path | None = None, **measure_kw,
 ) -> np.ndarray:  # fmt: skip
-  """The cached cost curve for these conditions, measured (and written) when there is none."""
+  """The cached cost curve for these conditions ([N] float32 seconds per step), measured (and
+  written) when there is none."""
   key = cache_key(model, drafter, budget, batch, slots, context, kv_dtype)
   name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
   path = Path(cache_dir or default_dir()) / f"{name}.json"
   if path.exists():
     saved = json.loads(path.read_text())
     if saved.get("key") == key:
-      return budget.check_costs(saved["seconds"]).astype(np.float64)
+      return budget.check_costs(saved["seconds"])
   seconds = measure(model, drafter, budget, batch, slots, context, kv_dtype=kv_dtype, **measure_kw)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(f".{os.getpid()}.tmp")
   tmp.write_text(json.dumps({"key": key, "seconds": seconds.tolist()}, indent=1))
   tmp.replace(path)
-  return seconds
+  return budget.check_costs(seconds)

@@ -171,9 +171,10 @@ def test_the_choice_follows_acceptance_along_a_request(model):
 def test_auto_sampling_is_lossless(small_vocab, monkeypatch):  # noqa: F811
   target, draft = small_vocab
   s = S.Sampling(1.0, 0, 1.0)
-  # Default tiers (1, 2, 4, 8). At the prior this curve picks k = 2 (goodput 1.5, 1.59, 1.29,
-  # 0.8); rows whose drafts were rejected then move on at k = 1: both tiers run in one decode.
-  costs = np.asarray([1.0, 1.1, 1.5, 2.5])
+  # Default tiers (1, 2, 4, 8). At the prior this curve picks k = 2 (goodput 1.5, 1.509, 1.29,
+  # 0.8); a row whose first draft was rejected is still running after 3 tokens' budget allows,
+  # and with alpha_1 at 0.4375 it goes on at k = 1 (1.4375 > 1.656 / 1.16): both tiers run.
+  costs = np.asarray([1.0, 1.16, 1.5, 2.5])
   monkeypatch.setattr(step_costs_lib, "cost_curve", lambda *a, **kw: costs)
   counts = _sampled_joint(target, draft_lm(draft), s, "onehot", k="auto")
   p = _exact_joint(target, s)
