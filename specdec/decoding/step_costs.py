@@ -117,8 +117,9 @@ def cost_curve(
     if saved.get("key") == key:
       return budget.check_costs(saved["seconds"])
   seconds = measure(model, drafter, budget, batch, slots, context, kv_dtype=kv_dtype, **measure_kw)
+  seconds = budget.check_costs(seconds)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(f".{os.getpid()}.tmp")
   tmp.write_text(json.dumps({"key": key, "seconds": seconds.tolist()}, indent=1))
   tmp.replace(path)
-  return budget.check_costs(seconds)
+  return seconds

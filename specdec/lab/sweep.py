@@ -116,7 +116,7 @@ def widest_k(cfg, k: int | str) -> int:
 
 
 def _k(k) -> int | str:
-  return k if k == "auto" else int(k)
+  return k if isinstance(k, str) else int(k)  # a string other than "auto": validate names it
 
 
 def leg_seed(base: int, sample_seed: int, leg: int) -> int:
