@@ -255,8 +255,8 @@ def generate(
   if built.count:
     log.info(
       "specdec.generate compiled %d executable(s) in %.1f s (prefill of a %d-token bucket and "
-      "the %s k=%d step at batch %d, %d slots); later calls of these shapes reuse them",
-      built.count, built.seconds, bucket, drafter.name, k, B, slots,
+      "the %s k=%s step at batch %d, %d slots); later calls of these shapes reuse them",
+      built.count, built.seconds, bucket, drafter.name, "auto" if plan.budget else k, B, slots,
     )  # fmt: skip
 
   tokens_np, lengths_np = np.asarray(st.tokens), np.asarray(st.lengths)

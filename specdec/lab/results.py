@@ -206,7 +206,8 @@ def validate_row(row: Mapping) -> None:
     if f is None or (v is None and not f.required):
       continue
     if not _kind_ok(f.kind, v):
-      problems.append(f"{name} should be {f.kind}, got {type(v).__name__} {v!r:.40}")
+      kind = "int or 'auto'" if f.kind == "k" else f.kind
+      problems.append(f"{name} should be {kind}, got {type(v).__name__} {v!r:.40}")
   if problems:
     raise ResultsError("invalid result row: " + "; ".join(problems))
 

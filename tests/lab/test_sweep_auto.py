@@ -7,6 +7,7 @@ import pytest
 from specdec.decoding import step_costs
 from specdec.lab import driver, report, results, tables
 from specdec.lab.sweep import SweepError
+from tests.helpers import result_row as make_row
 from tests.lab.test_sweep import small_config
 
 
@@ -53,3 +54,9 @@ def test_bad_auto_configs_are_refused_before_running(tmp_path):
   with pytest.raises(SweepError, match="config.ks: k='four' must be an integer >= 1 or 'auto'"):
     driver.run(small_config(ks=("four",)), str(tmp_path / "b"))
   assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+
+
+def test_a_row_takes_k_auto_and_refuses_another_string():
+  results.validate_row(make_row(k="auto", tiers=[1, 2], tier_hist=[3, 4]))
+  with pytest.raises(results.ResultsError, match="k should be int or 'auto', got str 'four'"):
+    results.validate_row(make_row(k="four"))
