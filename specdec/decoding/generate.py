@@ -17,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec import metrics, sharding, xla_env
+from specdec.decoding import budget as budget_lib
 from specdec.decoding import memory
+from specdec.decoding import step_costs as step_costs_lib
 from specdec.decoding.accept import Mode, base_mode, validate_mode
 from specdec.decoding.compiles import CompileCounter
 from specdec.decoding.step import PREFILL_CHUNK, StepConfig, decode_chunk, prefill, prefill_fields
@@ -93,11 +95,12 @@ def _prompt_ids(model, prompts) -> list[list[int]]:
 class _Plan:
   """What generate runs, fixed before anything compiles: the step, the shapes, the inputs."""
 
-  sc: StepConfig
+  sc: StepConfig  # at k="auto", the largest tier's
   mode: Mode  # as asked; sc.mode is the compiled one (`reject` runs as a flag, accept.base_mode)
   ids: list
   bucket: int
   slots: int
+  budget: budget_lib.Budget | None  # k="auto": its tiers; None: the fixed k of sc
 
   @property
   def batch(self) -> int:
@@ -106,20 +109,31 @@ class _Plan:
 
 def _plan(
   model, prompts, max_new_tokens, temperature, top_k, top_p, drafter, k, acceptance, max_slots,
-  min_bucket, kv_dtype, memory_fraction, prefill_chunk, tree=None,
+  min_bucket, kv_dtype, memory_fraction, prefill_chunk, tree=None, budget=None,
 ) -> _Plan:  # fmt: skip
   """generate's checks and static choices, all on the host (see generate for the arguments)."""
   sampling = Sampling(float(temperature), top_k, float(top_p))
   sampling.validate()
   mode = acceptance or ("greedy" if sampling.greedy else "onehot")
   validate_mode(mode, sampling)
+  auto = k == "auto"
+  if auto and tree is not None:
+    raise ValueError("k='auto' with tree= is not supported yet: give the tree alone")
   if tree is not None:
     tree, k = _tree_plan(model, drafter, k, tree, base_mode(mode, sampling))
+  if auto:
+    if drafter is None or drafter.name == "null":
+      raise ValueError("k='auto' needs a drafter: without drafts there is no budget to choose")
+    budget = budget or budget_lib.Budget()
+    budget.validate()
+    k = budget.k_max
+  elif budget is not None:
+    raise ValueError(f"budget= chooses the tiers of k='auto', got k={k!r}")
   if drafter is None:
     drafter, k = null(), 0 if k is None else k
   k = 4 if k is None else k
   if not isinstance(k, int) or k < 0 or (k == 0 and drafter.name != "null"):
-    raise ValueError(f"k must be an integer >= 1 with a drafter, got k={k!r}")
+    raise ValueError(f"k must be an integer >= 1 with a drafter, or 'auto', got k={k!r}")
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
 
@@ -130,8 +144,14 @@ def _plan(
   slots = cache_slots(bucket, max_new_tokens, width)
   room = max_slots or model.config.max_position_embeddings
   what = "k+1" if tree is None else f"a tree of {tree.size} nodes"
-  check_cache_room(longest, max_new_tokens, width, room, what)
-  drafter.validate(model.config, k, slots)
+  try:
+    check_cache_room(longest, max_new_tokens, width, room, what)
+  except ValueError as e:
+    if not auto:
+      raise
+    raise ValueError(f"k='auto': the largest budget tier, k={k}, does not fit: {e}") from None
+  for tier in budget.tiers if auto else (k,):
+    drafter.validate(model.config, tier, slots)
   kv_dtype = model.kv_dtype if kv_dtype is None else check_kv_dtype(kv_dtype)
   memory.check_fits(model, drafter, k, B, bucket, slots, kv_dtype, memory_fraction)
 
@@ -142,7 +162,38 @@ def _plan(
     model.config, model.dtype, drafter, k, sampling, base_mode(mode, sampling), eos, kv_dtype,
     prefill_chunk, tree,
   )  # fmt: skip
-  return _Plan(sc, mode, ids, bucket, slots)
+  return _Plan(sc, mode, ids, bucket, slots, budget if auto else None)
+
+
+def _abstract_state(model, plan: _Plan, mesh=None):
+  """The decode state's shapes and dtypes, as the chunk receives it (traced, not compiled);
+  under a mesh, with the shardings `generate` gives its inputs (replicated) and state."""
+  sc, B = plan.sc, plan.batch
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh else None
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=whole)  # noqa: E731
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=whole)
+  inputs = (model.params, sc.drafter.params, i32(B, plan.bucket), i32(B), i32(B), key)
+  st = jax.eval_shape(functools.partial(prefill, sc=sc, slots=plan.slots), *inputs)
+  if mesh is not None:
+    on = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+    st = jax.tree.map(on, st, _state_shardings(st, mesh))
+  if plan.budget:
+    b = budget_lib.init_state(B, plan.budget, plan.slots)
+    st = st.replace(budget=jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), b))
+    budget_lib.check_tier_shapes(model.params, sc.drafter.params, st, sc, plan.budget)
+  return inputs, st
+
+
+def _auto_costs(model, plan: _Plan, step_costs, context: int) -> np.ndarray:
+  """The cost curve of an auto decode: given, or measured for its shapes (cached on disk)."""
+  _abstract_state(model, plan)  # a drafter whose state changes with k is refused first
+  if step_costs is None:
+    sc = plan.sc
+    step_costs = step_costs_lib.cost_curve(
+      model, sc.drafter, plan.budget, plan.batch, plan.slots, context, sc.kv_dtype
+    )  # fmt: skip
+  return jnp.asarray(plan.budget.check_costs(step_costs))
 
 
 def generate(
@@ -154,7 +205,7 @@ def generate(
   top_p: float = 1.0,
   seed: int = 0,
   drafter=None,
-  k: int | None = None,
+  k: int | str | None = None,
   acceptance: Mode | None = None,
   max_slots: int | None = None,
   min_bucket: int = MIN_BUCKET,
@@ -163,6 +214,8 @@ def generate(
   prefill_chunk: int = PREFILL_CHUNK,
   mesh=None,
   tree=None,
+  budget: budget_lib.Budget | None = None,
+  step_costs=None,
 ) -> Generation:
   """Generates from `prompts` (strings or token-id lists) with optional speculative drafting.
 
@@ -188,12 +241,18 @@ def generate(
   depth (leave k out or give the same). Acceptance greedy or onehot (multi-draft recursive
   rejection sampling, docs/design.md "Trees"); the drafter must draft trees (ngram, draft_lm);
   dense targets only.
+  k="auto" chooses among the tiers of `budget` (default `budget.Budget()`: k in 1, 2, 4, 8) on the
+  device before every step, by expected tokens per second (docs/design.md, "Adaptive budget").
+  step_costs: the seconds a step takes at each tier; None measures them on this device (once per
+  conditions; `step_costs.cost_curve` caches them on disk, before the decode's clock starts).
   """
   if mesh is not None:
+    if k == "auto":
+      raise ValueError("k='auto' under a mesh is not supported yet; use a fixed k")
     model = sharding.on_mesh(model, mesh)
   plan = _plan(
     model, prompts, max_new_tokens, temperature, top_k, top_p, drafter, k, acceptance, max_slots,
-    min_bucket, kv_dtype, memory_fraction, prefill_chunk, tree,
+    min_bucket, kv_dtype, memory_fraction, prefill_chunk, tree, budget,
   )  # fmt: skip
   sc, ids, bucket, slots, B = plan.sc, plan.ids, plan.bucket, plan.slots, plan.batch
   drafter, k, mode = sc.drafter, sc.k, plan.mode
@@ -206,6 +265,8 @@ def generate(
     whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), whole)
   xla_env.enable_compile_cache()
+  if plan.budget:
+    costs_N = _auto_costs(model, plan, step_costs, max(len(p) for p in ids))
   t0 = time.perf_counter()
   with CompileCounter() as built, jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
     st = prefill(
@@ -221,19 +282,26 @@ def generate(
     )
     if mesh is not None:
       st = jax.device_put(st, _state_shardings(st, mesh))
+    if plan.budget:
+      st = st.replace(budget=jax.device_put(budget_lib.init_state(B, plan.budget, slots)))
     done = np.asarray(st.done)
     t1 = time.perf_counter()
     host_syncs = 1
     while not done.all():
-      st = decode_chunk(model.params, drafter.params, st, sc, CHUNK_STEPS)
+      if plan.budget:
+        st = budget_lib.decode_chunk(
+          model.params, drafter.params, st, costs_N, sc, plan.budget, CHUNK_STEPS
+        )
+      else:
+        st = decode_chunk(model.params, drafter.params, st, sc, CHUNK_STEPS)
       done = np.asarray(st.done)
       host_syncs += 1
     t2 = time.perf_counter()
   if built.count:
     log.info(
       "specdec.generate compiled %d executable(s) in %.1f s (prefill of a %d-token bucket and "
-      "the %s k=%d step at batch %d, %d slots); later calls of these shapes reuse them",
-      built.count, built.seconds, bucket, drafter.name, k, B, slots,
+      "the %s k=%s step at batch %d, %d slots); later calls of these shapes reuse them",
+      built.count, built.seconds, bucket, drafter.name, "auto" if plan.budget else k, B, slots,
     )  # fmt: skip
 
   tokens_np, lengths_np = np.asarray(st.tokens), np.asarray(st.lengths)
@@ -278,6 +346,12 @@ def generate(
     "compiles": built.count,
     "compile_s": built.seconds,
   }
+  if plan.budget:
+    b = jax.device_get(st.budget)
+    stats["rows"]["tier_hist"] = np.asarray(b.tier_hist_BN).tolist()
+    total = lambda name: int(counts[name].sum())  # noqa: E731
+    stats |= budget_lib.counts(b, plan.budget)
+    stats |= budget_lib.summary(stats, total("steps"), total("proposed"), total("accepted"))
   return Generation(tokens=out, texts=[model.decode(o) for o in out], stats=stats)
 
 
@@ -290,27 +364,25 @@ def lower_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> list:
   args = inspect.signature(generate).bind(model, prompts, max_new_tokens, **kw)
   args.apply_defaults()
   args.arguments.pop("seed")  # a traced value: every seed shares the executables
+  args.arguments.pop("step_costs")  # a traced value too: lowered by its shape
   mesh = args.arguments.pop("mesh")
   if mesh is not None:
+    if args.arguments["k"] == "auto":
+      raise ValueError("k='auto' under a mesh is not supported yet; use a fixed k")
     model = args.arguments["model"] = sharding.on_mesh(model, mesh)
   xla_env.enable_compile_cache()
   plan = _plan(**args.arguments)
-  sc, B = plan.sc, plan.batch
-  # Under a mesh, generate's host inputs are replicated over it.
-  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh else None
-  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=whole)  # noqa: E731
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=whole)
-  inputs = (model.params, sc.drafter.params, i32(B, plan.bucket), i32(B), i32(B), key)
+  sc = plan.sc
   with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
-    st = jax.eval_shape(functools.partial(prefill, sc=sc, slots=plan.slots), *inputs)
-    if mesh is not None:  # where `generate` puts its prefilled state
-      on = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
-      st = jax.tree.map(on, st, _state_shardings(st, mesh))
-    return [
-      prefill_fields.lower(*inputs, sc.for_prefill, plan.slots),
-      decode_chunk.lower(model.params, sc.drafter.params, st, sc, CHUNK_STEPS),
-    ]
+    inputs, st = _abstract_state(model, plan, mesh)
+    if plan.budget:
+      costs_N = jax.ShapeDtypeStruct((len(plan.budget.tiers),), jnp.float32)
+      chunk = budget_lib.decode_chunk.lower(
+        model.params, sc.drafter.params, st, costs_N, sc, plan.budget, CHUNK_STEPS
+      )  # fmt: skip
+    else:
+      chunk = decode_chunk.lower(model.params, sc.drafter.params, st, sc, CHUNK_STEPS)
+    return [prefill_fields.lower(*inputs, sc.for_prefill, plan.slots), chunk]
 
 
 def _state_shardings(st, mesh):

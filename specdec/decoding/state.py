@@ -38,6 +38,7 @@ class DecodeState:
   accept_hist: jax.Array  # [B, n_buckets, k+1]: steps by accepted count and context bucket
   censored_hist: jax.Array  # [B, n_buckets, k+1]: those of them whose emission a cut shortened
   emitted_by_bucket: jax.Array  # [B, n_buckets]: tokens the steps emitted (metrics: tau)
+  budget: Any = None  # k="auto": the estimator and tier counts (budget.BudgetState); None: fixed k
 
   @property
   def generated(self):

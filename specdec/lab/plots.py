@@ -33,6 +33,7 @@ CI_NOTE = (
 )
 TAU_LABEL = "τ (tokens per target forward)"
 K_LABEL = "k (draft tokens per step)"
+AUTO = "auto"  # the k of a cell whose budget is chosen per step (specdec.decoding.budget)
 PANELS_PER_ROW = 4
 UNCOND_LABEL = "unconditional: drafts 1..i all accepted"
 COND_LABEL = "conditional: draft i accepted | drafts 1..i-1 accepted"
@@ -301,12 +302,15 @@ def tau_vs_context_figure(series: Mapping[str, Mapping]) -> Figure:
   if not axes:
     return fig
   # Without k in the labels (one k in the sweep) every line is one colour and there is no colorbar.
-  ks = [int(own["k"]) for members in panels.values() for _, own in members if "k" in own]
+  # k="auto" lines are black and dashed, beside the colours of the fixed k.
+  fixed = [own["k"] for members in panels.values() for _, own in members if "k" in own]
+  ks = [int(k) for k in fixed if k != AUTO]
   colour, mappable = _k_colours(ks) if ks else ({}, None)
   for ax, (name, members) in zip(axes, panels.items(), strict=True):
     for label, own in members:
-      s = series[label]
-      _plot(ax, s["prompt_tokens"], s, "tau", color=colour.get(int(own.get("k", 0)), "C0"))
+      s, k = series[label], own.get("k", "0")
+      style = dict(color="k", ls="--") if k == AUTO else dict(color=colour.get(int(k), "C0"))
+      _plot(ax, s["prompt_tokens"], s, "tau", **style)
     ax.set_title(name, fontsize="medium")
   xs = [x for label in labels for x in series[label]["prompt_tokens"]]
   _ticks_at(axes[0], xs, log2=min(xs) > 0)
@@ -322,3 +326,30 @@ def tau_vs_context_figure(series: Mapping[str, Mapping]) -> Figure:
 def tau_vs_context(series: Mapping[str, Mapping], path: str | Path) -> Path:
   """tau_vs_context_figure written to `path`."""
   return _save(tau_vs_context_figure(series), path)
+
+
+# --- the chosen draft budget ----------------------------------------------------------------------
+
+
+def chosen_k_figure(series: Mapping[str, Mapping]) -> Figure:
+  """k="auto": the k chosen at each step of a request, one panel per cell (tables.chosen_k_series),
+  a step line on a log2 axis ticked at the cell's tiers."""
+  fig, axes, _ = _small_multiples(len(series), "step of the request", K_LABEL, (2.9, 2.3))
+  for ax, (label, s) in zip(axes, series.items(), strict=True):
+    steps = np.arange(1, len(s["k"]) + 1)
+    ax.step(steps, s["k"], where="post", color="C0")
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_locator(FixedLocator(s["tiers"]))
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_ylim(min(s["tiers"]) / 1.3, max(s["tiers"]) * 1.3)
+    ax.set_title(_name(_conditions(label)), fontsize="medium")
+  fig.suptitle(
+    "k='auto': the draft budget chosen on the device before each step", fontsize="medium"
+  )
+  return fig
+
+
+def chosen_k(series: Mapping[str, Mapping], path: str | Path) -> Path:
+  """chosen_k_figure written to `path`."""
+  return _save(chosen_k_figure(series), path)

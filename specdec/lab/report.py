@@ -29,6 +29,9 @@ def run(
     written.append(
       plots.tau_vs_k(tables.tau_vs_k_series(cells), out / "tau_vs_k.png", knee_threshold)
     )
+    chosen = tables.chosen_k_series(rows)
+    if chosen:
+      written.append(plots.chosen_k(chosen, out / "chosen_k.png"))
   elif layout == "context":
     written.append(
       plots.tau_vs_context(tables.tau_vs_context_series(cells), out / "tau_vs_ctx.png")

@@ -35,7 +35,7 @@ class ResultsError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-  kind: str  # "str" | "int" | "float" | "bool" | "list" | "dict"
+  kind: str  # "str" | "int" | "float" | "bool" | "list" | "dict" | "k" (an int or "auto")
   required: bool
   doc: str
 
@@ -47,7 +47,12 @@ ROW_FIELDS: dict[str, Field] = {
   "method": _F(
     "str", True, "drafter: null (AR baseline, k=0), same_shape, ngram, draft_lm, mtp, ..."
   ),
-  "k": _F("int", True, "draft tokens per step (DFlash block size minus 1); 0 for the baseline"),
+  "k": _F(
+    "k",
+    True,
+    "draft tokens per step (DFlash block size minus 1); 0 for the baseline; 'auto': "
+    "chosen on the device before each step among `tiers`",
+  ),
   "workload": _F("str", True, "'humaneval' or the prompt file's name"),
   "prompt_tokens": _F("int", True, "prompt length in tokens the cell targets (after extension)"),
   "ctx_bucket": _F("str", True, "metrics.bucket_labels label of the bucket holding prompt_tokens"),
@@ -95,6 +100,12 @@ ROW_FIELDS: dict[str, Field] = {
   "host_syncs": _F("int", False, "host round trips of those calls (prefill + one per chunk)"),
   "alpha": _F("float", False, "per-token acceptance, truncated-geometric MLE (metrics.alpha_mle)"),
   "predicted_tau": _F("float", False, "Leviathan (1 - alpha^(k+1)) / (1 - alpha)"),
+  # k = 'auto' only (specdec.decoding.budget): the tiers, how often each ran, exact position counts.
+  "tiers": _F("list", False, "k='auto': the draft lengths it chose among"),
+  "tier_hist": _F("list", False, "k='auto': [n_tiers] row-steps run at each tier"),
+  "position_offered": _F("list", False, "k='auto': [k_max] steps whose tier drafted position i"),
+  "position_reached": _F("list", False, "k='auto': [k_max] steps that judged draft i"),
+  "position_accepted": _F("list", False, "k='auto': [k_max] steps that accepted draft i"),
   # Timing (specdec.metrics.timing_summary); the first batch of the leg is discarded.
   "decode_tok_s": _F("float", False, "decode-only rate, 1000 / mean tpot_ms"),
   "whole_tok_s": _F("float", False, "completion tokens / wall clock of the leg"),
@@ -172,6 +183,8 @@ def to_jsonable(x):
 
 
 def _kind_ok(kind: str, v) -> bool:
+  if kind == "k":  # a draft length, or "auto"
+    return v == "auto" or _kind_ok("int", v)
   if kind == "int":
     return isinstance(v, int) and not isinstance(v, bool)
   if kind == "float":
@@ -193,7 +206,8 @@ def validate_row(row: Mapping) -> None:
     if f is None or (v is None and not f.required):
       continue
     if not _kind_ok(f.kind, v):
-      problems.append(f"{name} should be {f.kind}, got {type(v).__name__} {v!r:.40}")
+      kind = "int or 'auto'" if f.kind == "k" else f.kind
+      problems.append(f"{name} should be {kind}, got {type(v).__name__} {v!r:.40}")
   if problems:
     raise ResultsError("invalid result row: " + "; ".join(problems))
 

@@ -49,6 +49,7 @@ import specdec
 from specdec import metrics, sharding
 from specdec.checkpoint.zoo import resolve_path
 from specdec.data import workload as workload_lib
+from specdec.decoding import budget as budget_lib
 from specdec.decoding import memory
 from specdec.decoding.accept import validate_mode
 from specdec.decoding.compiles import CompileCounter
@@ -88,7 +89,7 @@ class SweepError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Cell:
   method: str
-  k: int
+  k: int | str  # a draft length, or "auto" (chosen per step among config.budget_tiers)
   workload: str  # an entry of config.workloads
   prompt_tokens: int  # 0: prompts as they are
   temperature: float
@@ -111,6 +112,20 @@ def _auto(temperature: float) -> str:
 
 LEG_SEED_STRIDE = 1000  # a leg's batches take seeds seed + i, i < n_prompts
 SAMPLE_SEED_STRIDE = 1_000_000
+
+
+def budget_of(cfg) -> budget_lib.Budget:
+  """The tiers a k="auto" cell chooses among (config.budget_tiers, else the library's)."""
+  return budget_lib.Budget(tiers=tuple(cfg.get("budget_tiers", budget_lib.DEFAULT_TIERS)))
+
+
+def widest_k(cfg, k: int | str) -> int:
+  """The verify width a cell's caches must hold: its k, or the largest tier of k="auto"."""
+  return budget_of(cfg).k_max if k == "auto" else k
+
+
+def _k(k) -> int | str:
+  return k if isinstance(k, str) else int(k)  # a string other than "auto": validate names it
 
 
 def leg_seed(base: int, sample_seed: int, leg: int) -> int:
@@ -156,7 +171,7 @@ def expand(cfg) -> list[Cell]:
       for s in cfg.seeds if t else cfg.seeds[:1]:
         cells.append(
           Cell(
-            method, int(k), w, int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b), int(s)
+            method, _k(k), w, int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b), int(s)
           )
         )
   return list(dict.fromkeys(cells))
@@ -218,6 +233,11 @@ def validate(
       "inside the timed requests"
     )
   check_methods(cfg)
+  if "auto" in tuple(cfg.ks):
+    try:
+      budget_of(cfg).validate()
+    except ValueError as e:
+      raise SweepError(f"config.budget_tiers: {e}") from e
   for w in cfg.workloads:
     try:
       workload_lib.load_workload(w)
@@ -228,8 +248,8 @@ def validate(
       raise SweepError(f"config.target_formats: {c.target_format!r} is not available yet")
     if c.kv_dtype not in KV_DTYPES:
       raise SweepError(f"config.kv_dtypes: unknown {c.kv_dtype!r}; choose from {KV_DTYPES}")
-    if c.method != "null" and c.k < 1:
-      raise SweepError(f"config.ks: k={c.k} must be >= 1")
+    if c.method != "null" and c.k != "auto" and (not isinstance(c.k, int) or c.k < 1):
+      raise SweepError(f"config.ks: k={c.k!r} must be an integer >= 1 or 'auto'")
     if c.prompt_tokens < 0:
       raise SweepError(f"config.prompt_tokens: {c.prompt_tokens} is not a length (>= 0)")
     if c.prompt_tokens == 0 and workload_lib.is_document_workload(c.workload):
@@ -243,7 +263,7 @@ def validate(
       sampling.validate()
       validate_mode(c.acceptance, sampling)
       if max_positions is not None:
-        check_cache_room(prompt_len(c), cfg.max_new_tokens, c.k, max_positions)
+        check_cache_room(prompt_len(c), cfg.max_new_tokens, widest_k(cfg, c.k), max_positions)
       if check_cell is not None:
         check_cell(c)
     except ValueError as e:
@@ -372,12 +392,13 @@ class Runner:
   def check_memory(self, cell: Cell) -> None:
     """generate()'s memory plan for a full batch of the cell on the target as loaded (fused at
     load, so no second copy; a quantized target, built later, is smaller but stays resident
-    beside it: generate() checks it then), after the drafter's own checks of the cell."""
-    bucket = self.bucket(cell)
-    slots = cache_slots(bucket, self.cfg.max_new_tokens, cell.k)
-    self.drafters[cell.method].validate(self.target.config, cell.k, slots)
+    beside it: generate() checks it then), after the drafter's own checks of the cell (at the
+    widest k it runs)."""
+    bucket, k = self.bucket(cell), widest_k(self.cfg, cell.k)
+    slots = cache_slots(bucket, self.cfg.max_new_tokens, k)
+    self.drafters[cell.method].validate(self.target.config, k, slots)
     memory.check_fits(
-      self.target, self.drafters[cell.method], cell.k, cell.batch, bucket, slots, kv_dtype(cell),
+      self.target, self.drafters[cell.method], k, cell.batch, bucket, slots, kv_dtype(cell),
       self.cfg.memory_fraction,
     )  # fmt: skip
 
@@ -395,6 +416,8 @@ class Runner:
     )  # fmt: skip
     if self.mesh is not None:
       kw["mesh"] = self.mesh
+    if kw["k"] == "auto":
+      kw["budget"] = budget_of(self.cfg)
     return self.target_for(cell.target_format), ids, kw
 
   def target_for(self, fmt: str):
@@ -440,7 +463,7 @@ class Runner:
   def _measure(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
     ids = self.prompt_ids(cell, leg)
     seed = leg_seed(self.cfg.seed, cell.sample_seed, leg)
-    timing, entries, counts, outputs, calls = [], [], [], [], []
+    timing, entries, counts, outputs, calls, auto = [], [], [], [], [], []
     for b, g in enumerate(self._batches(cell, ids, seed)):
       timed = b > 0  # the first batch compiles: warm-up
       reqs, rs = request_entries(g.stats, timed)
@@ -448,6 +471,9 @@ class Runner:
       entries += rs
       counts.append({name: np.asarray(g.stats[name]) for name in metrics.COUNTS})
       calls.append({"timed": timed, **{name: g.stats[name] for name in CALL_FIELDS}})
+      if cell.k == "auto":
+        auto.append({name: np.asarray(g.stats[name]) for name in budget_lib.COUNT_FIELDS})
+        calls[-1]["k_trace"] = g.stats["k_trace"]
       outputs.extend(g.tokens)
     sha = output_sha(outputs)
     gate, passed = self._gate(cell, leg, sha, baseline_sha)
@@ -485,6 +511,8 @@ class Runner:
         "calls": calls,
       },
     }
+    if auto:
+      row |= auto_fields(auto, row["steps"], entries, g.stats["tiers"])
     return row
 
   def _gate(self, cell: Cell, leg: int, sha: str, baseline_sha: str | None):
@@ -544,6 +572,16 @@ def request_entries(stats: dict, timed: bool) -> tuple[list[metrics.Request], li
     for i, r in enumerate(reqs)
   ]
   return reqs, entries
+
+
+def auto_fields(calls: list[dict], steps: int, entries: list[dict], tiers: list[int]) -> dict:
+  """A k="auto" row's tier and position counts pooled over its generate calls, and the
+  acceptance fields computed from them (`budget.summary`) in place of the histogram's."""
+  pooled = {name: np.sum([c[name] for c in calls], axis=0).tolist() for name in calls[0]}
+  total = lambda name: sum(e[name] for e in entries)  # noqa: E731
+  fields = budget_lib.summary(pooled, steps, total("proposed"), total("accepted"))
+  fields.pop("mean_k")  # proposed / steps: a table derives it
+  return {"tiers": tiers, **pooled, **fields}
 
 
 def kv_dtype(cell: Cell):

@@ -76,14 +76,30 @@ class Cell:
   speedup: float = math.nan  # filled by attach_speedups
   speedup_ci: tuple[float, float] = NO_CI
   speedup_gate: bool = True  # False: cell or baseline failed the gate
+  tiers: list = dataclasses.field(default_factory=list)  # k="auto": its tiers, else []
+  tier_hist: np.ndarray | None = None  # k="auto": row-steps per tier, pooled over runs
 
   @property
   def method(self) -> str:
     return self.conditions["method"]
 
   @property
-  def k(self) -> int:
+  def k(self) -> int | str:
     return self.conditions["k"]
+
+  @property
+  def auto(self) -> bool:
+    return self.k == "auto"
+
+
+def k_order(c: "Cell") -> tuple:
+  """Sorts cells by k, fixed lengths first and k="auto" after them."""
+  return (1, 0) if c.auto else (0, c.k)
+
+
+def fixed_drafted(cells: Iterable["Cell"]) -> list["Cell"]:
+  """The cells of a fixed k >= 1 (the k axis proper: no baseline, no "auto")."""
+  return [c for c in cells if not c.auto and c.k > 0]
 
 
 @dataclasses.dataclass
@@ -131,6 +147,9 @@ def aggregate(rows: Iterable[Mapping]) -> list[Cell]:
       cond=cond,
       requests=_requests(by_run, conditions.get("batch") or 1),
     )
+    if all(r.get("tier_hist") is not None for r in runs) and conditions["k"] == "auto":
+      cell.tiers = list(runs[0]["tiers"])
+      cell.tier_hist = np.sum([r["tier_hist"] for r in runs], axis=0)
     if cell.requests:
       for name in _POOLED:
         cell.mean[name], cell.ci[name] = _pooled(name, list(cell.requests.values()))
@@ -203,6 +222,15 @@ def _pooled(name: str, entries: Sequence[Mapping]) -> tuple[float, tuple[float, 
 
 
 def _pooled_curves(legs: Sequence[Mapping]) -> tuple[np.ndarray, np.ndarray]:
+  if legs and all(r.get("position_reached") is not None for r in legs):
+    # k="auto": its histogram mixes tiers; exact counts per position are kept instead.
+    pos = {
+      n: np.sum([r[n] for r in legs], axis=0).astype(float)
+      for n in ("position_offered", "position_reached", "position_accepted")
+    }
+    ratio = lambda a, b: np.where(b > 0, a / np.maximum(b, 1), np.nan)  # noqa: E731
+    acc = pos["position_accepted"]
+    return ratio(acc, pos["position_offered"]), ratio(acc, pos["position_reached"])
   hists = [r["accept_hist"] for r in legs if r.get("accept_hist") is not None]
   if hists and len(hists) == len(legs):
     pooled = metrics.merge_hists(hists)
@@ -338,7 +366,7 @@ def draft_budget(cells: list[Cell], knee_threshold: float = 0.1) -> Table:
   constant, blocks = _split(cells, ["k"], always_block=["method"])
   out, notes = [], []
   for title, bc in blocks:
-    bc = sorted(bc, key=lambda c: c.k)
+    bc = sorted(bc, key=k_order)
     rows = [
       [
         str(c.k),
@@ -351,6 +379,7 @@ def draft_budget(cells: list[Cell], knee_threshold: float = 0.1) -> Table:
     ]
     out.append((title, rows))
     notes.append(_knee_note(title, bc, knee_threshold))
+    notes += [_auto_note(title, c, bc) for c in bc if c.auto]
   return Table(
     "Draft budget",
     _caption(constant, cells, f"tok/s: decode-only rate; {SPREAD_NOTE}"),
@@ -360,8 +389,24 @@ def draft_budget(cells: list[Cell], knee_threshold: float = 0.1) -> Table:
   )
 
 
+def _auto_note(title: str, c: Cell, bc: list[Cell]) -> str:
+  """k="auto": how often it ran each tier, and its decode rate against the fastest fixed k."""
+  note = f"{title}: k=auto"
+  if c.tier_hist is not None and c.tier_hist.sum():
+    shares = c.tier_hist / c.tier_hist.sum()
+    mean_k = float(np.dot(shares, c.tiers))
+    note += " ran " + ", ".join(f"k={k} {s:.0%}" for k, s in zip(c.tiers, shares, strict=True))
+    note += f" of its steps (mean k {mean_k:.2f})"
+  fast = [f for f in fixed_drafted(bc) if f.gate_passed and not math.isnan(f.mean["decode_tok_s"])]
+  if fast and c.gate_passed and not math.isnan(c.mean["decode_tok_s"]):
+    best = max(fast, key=lambda f: f.mean["decode_tok_s"])
+    ratio = c.mean["decode_tok_s"] / best.mean["decode_tok_s"]
+    note += f"; decode tok/s {ratio:.2f}× the fastest fixed k={best.k}"
+  return note
+
+
 def _knee_note(title: str, bc: list[Cell], threshold: float) -> str:
-  drafted = [c for c in bc if c.k > 0 and not math.isnan(c.mean["tau"])]
+  drafted = [c for c in fixed_drafted(bc) if not math.isnan(c.mean["tau"])]
   if len(drafted) < 2:
     return ""
   knee = metrics.tau_knee([c.k for c in drafted], [c.mean["tau"] for c in drafted], threshold)
@@ -376,13 +421,13 @@ def _knee_note(title: str, bc: list[Cell], threshold: float) -> str:
 
 def per_position(cells: list[Cell]) -> Table:
   """Acceptance per draft position, unconditional and conditional, one block per method."""
-  drafted = [c for c in cells if c.k > 0]
-  kmax = max((c.k for c in drafted), default=0)
+  drafted = [c for c in cells if c.k != 0]
+  kmax = max((max(len(c.uncond), len(c.cond)) for c in drafted), default=0)
   constant, blocks = _split(drafted, ["k"], always_block=["method"])
   out = []
   for title, bc in blocks:
     rows = []
-    for c in sorted(bc, key=lambda c: c.k):
+    for c in sorted(bc, key=k_order):
       for kind, curve in (("uncond", c.uncond), ("cond", c.cond)):
         vals = [_fmt(v, 3) for v in curve] + [""] * (kmax - len(curve))
         rows.append([str(c.k), _value(c, "tau", 2), kind, *vals])
@@ -493,7 +538,7 @@ def concurrency(cells: list[Cell], baseline: str = DEFAULT_BASELINE) -> Table:
   out = []
   for title, bc in blocks:
     by_method: dict[str, dict[int, Cell]] = {}
-    for c in sorted(bc, key=lambda c: (c.method != baseline, c.method, c.k)):
+    for c in sorted(bc, key=lambda c: (c.method != baseline, c.method, k_order(c))):
       by_method.setdefault(_method_label(c), {})[c.conditions["batch"]] = c
     rows = []
     for label, per_b in by_method.items():
@@ -657,15 +702,35 @@ def _varying(cells: list[Cell], axes: Sequence[str], always: Sequence[str] = ("m
 
 def per_position_series(cells: list[Cell]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """{label: (uncond, cond)} for every drafted cell."""
-  drafted = [c for c in cells if c.k > 0]
+  drafted = [c for c in cells if c.k != 0]
   varying = _varying(drafted, [], always=("method", "k"))
   return {_series_label(c, varying): (c.uncond, c.cond) for c in drafted}
 
 
 def tau_vs_k_series(cells: list[Cell]) -> dict[str, dict[str, list]]:
   """{label: {"k", "tau", "decode_tok_s", "tau_ci", "decode_tok_s_ci"}} per method (and other
-  varying conditions), by k; a *_ci entry is (lo, hi), (NaN, NaN) without an interval."""
-  return _xy_series(cells, "k", ("tau", "decode_tok_s"))
+  varying conditions), by k; a *_ci entry is (lo, hi), (NaN, NaN) without an interval. k="auto"
+  cells have no place on a k axis and are left out (`chosen_k_series` plots them)."""
+  return _xy_series([c for c in cells if not c.auto], "k", ("tau", "decode_tok_s"))
+
+
+def chosen_k_series(rows: Iterable[Mapping]) -> dict[str, dict[str, list]]:
+  """{label: {"k": the k of each loop step, "tiers"}} per k="auto" cell: the trace of its first
+  timed generate call (one request's decode at batch 1, a batch's shared choice otherwise) in
+  its first run."""
+  rows = [r for r in rows if r.get("k") == "auto"]
+  cells = aggregate(rows)
+  varying = _varying(cells, ["k"])
+  out: dict[str, dict[str, list]] = {}
+  for c in cells:
+    key = tuple(c.conditions[f] for f in AGG_FIELDS)
+    for r in rows:
+      calls = (r.get("extra") or {}).get("calls", [])
+      traces = [call["k_trace"] for call in calls if call.get("timed") and "k_trace" in call]
+      if tuple(r.get(f) for f in AGG_FIELDS) == key and traces:
+        out[_series_label(c, varying)] = {"k": traces[0], "tiers": list(r["tiers"])}
+        break
+  return out
 
 
 def tau_vs_context_series(cells: list[Cell]) -> dict[str, dict[str, list]]:

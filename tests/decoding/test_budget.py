@@ -1,0 +1,282 @@
+"""k="auto": the estimator, the choice, greedy identity, losslessness, the cost curve, bad input."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec
+from specdec.decoding import budget as budget_lib
+from specdec.decoding import step_costs as step_costs_lib
+from specdec.decoding.budget import Budget
+from specdec.drafters import block, draft_lm, eagle3, mtp, ngram
+from specdec.drafters.draft_lm import DraftLM
+from specdec.drafters.ngram import NGram
+from specdec.ops import sampling as S
+from tests.decoding.test_spec_gates import (
+  Corrupted,
+  _exact_joint,
+  _gate,
+  _sampled_joint,
+  _tv,
+  small_vocab,  # noqa: F401  (a fixture)
+)
+from tests.helpers import tiny_model
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3], [1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 4]]
+SMALL = Budget(tiers=(1, 2, 4))
+COSTS = (1.0, 1.1, 1.2)  # a memory-bound curve: a wider verify costs little more
+WIDE, WIDE_COSTS = Budget(tiers=(1, 2, 4, 8)), (1.0, 1.1, 1.2, 1.4)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return tiny_model(num_hidden_layers=6)  # EAGLE-3 taps three distinct layers
+
+
+@pytest.fixture(scope="module")
+def baseline(model):
+  return specdec.generate(model, PROMPTS, max_new_tokens=24).tokens
+
+
+# --- the estimator and the choice, on their own ------------------------------------------------
+
+
+def test_expected_tokens_follow_the_survival_sum():
+  alpha_BJ = jnp.asarray([[1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+  e = np.asarray(budget_lib.expected_tokens(alpha_BJ, (1, 2, 4)))
+  np.testing.assert_allclose(e, [[2, 3, 5], [1.5, 1.75, 1.9375]])
+
+
+def test_choice_maximises_the_running_rows_goodput():
+  alpha_BJ = jnp.asarray([[0.9] * 4, [0.0] * 4])
+  costs = jnp.asarray([1.0, 1.1, 1.2])
+  both = budget_lib.choose(alpha_BJ, jnp.asarray([True, True]), costs, (1, 2, 4))
+  # Summed E: (1.9 + 1, 2.71 + 1, 4.44 + 1) / costs = 2.9, 3.37, 4.53: tier 4.
+  assert int(both) == 2
+  # The good row done: the other's E is 1 at every tier, so the cheapest wins.
+  assert int(budget_lib.choose(alpha_BJ, jnp.asarray([False, True]), costs, (1, 2, 4))) == 0
+  # A steep curve makes the same estimates pick a short draft.
+  steep = jnp.asarray([1.0, 1.6, 3.0])
+  assert int(budget_lib.choose(alpha_BJ, jnp.asarray([True, False]), steep, (1, 2, 4))) == 0
+
+
+def test_observe_moves_judged_positions_and_pulls_the_rest():
+  bud = Budget(tiers=(1, 2, 4), decay=0.5, prior=0.5)
+  b = jax.tree.map(jnp.asarray, budget_lib.init_state(2, bud, slots=8))
+  # Tier index 1 (k = 2): row 0 accepted 1 of 2 drafts, row 1 is done.
+  out = budget_lib.observe(
+    b, 1, jnp.int32(2), jnp.asarray([True, False]), jnp.asarray([1, 0]), bud
+  )  # fmt: skip
+  a = np.asarray(out.alpha_BJ)
+  # Row 0: draft 1 accepted (0.75), draft 2 rejected (0.25); drafts 3, 4 halfway to 0.25.
+  np.testing.assert_allclose(a[0], [0.75, 0.25, 0.375, 0.375])
+  np.testing.assert_allclose(a[1], [0.5] * 4)  # a done row learns nothing
+  assert np.asarray(out.reached_BJ).tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
+  assert np.asarray(out.accepted_BJ).tolist() == [[1, 0, 0, 0], [0, 0, 0, 0]]
+  assert np.asarray(out.tier_hist_BN).tolist() == [[0, 1, 0], [0, 0, 0]]
+  assert np.asarray(out.trace_L)[:2].tolist() == [1, -1] and int(out.n_loop) == 1
+
+
+# --- greedy identity ---------------------------------------------------------------------------
+
+
+def _drafter(kind, model):
+  return {
+    "ngram": lambda: ngram(min_n=1, max_n=3),
+    "draft_self": lambda: draft_lm(model),
+    "draft_other": lambda: draft_lm(tiny_model(seed=1, num_hidden_layers=6)),
+    "mtp": lambda: mtp.mtp(model),
+    "eagle3": lambda: eagle3.eagle3(model),
+    "block": lambda: block.block(model),
+  }[kind]()
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft_self", "draft_other", "mtp", "eagle3", "block"])
+def test_greedy_auto_is_token_identical_to_the_baseline(model, baseline, kind):
+  out = specdec.generate(
+    model, PROMPTS, max_new_tokens=24, drafter=_drafter(kind, model), k="auto", budget=SMALL,
+    step_costs=COSTS,
+  )  # fmt: skip
+  assert out.tokens == baseline
+  s = out.stats
+  assert s["k"] == "auto" and s["tiers"] == [1, 2, 4]
+  assert sum(s["tier_hist"]) == s["steps"] == sum(s["rows"]["steps"])
+  assert s["proposed"] == sum(n * k for n, k in zip(s["tier_hist"], s["tiers"], strict=True))
+  assert len(s["k_trace"]) == s["loop_steps"] and set(s["k_trace"]) <= {1, 2, 4}
+  assert 1.0 <= s["tau"] <= 5.0 and 1.0 <= s["mean_k"] <= 4.0
+  if kind == "draft_self":  # always right: the largest tier, every draft accepted
+    assert s["tau"] > 3 and s["per_position_cond"] == [1.0] * 4
+
+
+def test_greedy_auto_matches_a_fixed_k(model):
+  drafter = ngram(min_n=1, max_n=3)
+  fixed = specdec.generate(model, PROMPTS, max_new_tokens=24, drafter=drafter, k=2)
+  auto = specdec.generate(
+    model, PROMPTS, max_new_tokens=24, drafter=drafter, k="auto", budget=SMALL, step_costs=COSTS
+  )
+  assert auto.tokens == fixed.tokens
+
+
+# --- the estimator moves the choice ------------------------------------------------------------
+
+
+def _auto(model, drafter, n=96):
+  return specdec.generate(
+    model, [PROMPTS[0]], max_new_tokens=n, drafter=drafter, k="auto", budget=WIDE,
+    step_costs=WIDE_COSTS,
+  ).stats  # fmt: skip
+
+
+def test_an_always_right_drafter_gets_the_largest_tier(model):
+  s = _auto(model, Corrupted(model=model, rate=1.0), n=200)
+  assert s["k_trace"][-4:] == [8] * 4, s["k_trace"]
+  assert s["tier_hist"][-1] > s["steps"] / 2
+  assert s["acceptance_rate"] == 1.0
+
+
+def test_an_always_wrong_drafter_gets_the_smallest_tier(model):
+  s = _auto(model, Corrupted(model=model, rate=0.0))
+  assert s["k_trace"][-8:] == [1] * 8, s["k_trace"]
+  assert s["tier_hist"][0] > s["steps"] * 0.8
+  assert s["accepted"] == 0 and s["tau"] == 1.0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Phased(DraftLM):
+  """The target as its own drafter while a row holds fewer than `until` tokens, wrong after."""
+
+  until: int = 48
+
+  def propose(self, params, state, ctx, k, sampling, key):
+    draft_BJ, q, state = super().propose(params, state, ctx, k, sampling, key)
+    late_B1 = (ctx.lengths_B >= self.until)[:, None]
+    wrong_BJ = (draft_BJ + 1) % self.model.config.vocab_size
+    return jnp.where(late_B1, wrong_BJ, draft_BJ), q, state
+
+
+def test_the_choice_follows_acceptance_along_a_request(model):
+  s = _auto(model, Phased(model=model), n=112)
+  trace = s["k_trace"]
+  assert 8 in trace[:8], trace  # right early: the largest tier is reached
+  assert trace[-8:] == [1] * 8, trace  # wrong later: back to the smallest
+
+
+# --- losslessness ------------------------------------------------------------------------------
+
+
+def test_auto_sampling_is_lossless(small_vocab, monkeypatch):  # noqa: F811
+  target, draft = small_vocab
+  s = S.Sampling(1.0, 0, 1.0)
+  # Default tiers (1, 2, 4, 8). At the prior this curve picks k = 2 (goodput 1.5, 1.509, 1.29,
+  # 0.8); a row whose first draft was rejected is still running after 3 tokens' budget allows,
+  # and with alpha_1 at 0.4375 it goes on at k = 1 (1.4375 > 1.656 / 1.16): both tiers run.
+  costs = np.asarray([1.0, 1.16, 1.5, 2.5])
+  monkeypatch.setattr(step_costs_lib, "cost_curve", lambda *a, **kw: costs)
+  counts = _sampled_joint(target, draft_lm(draft), s, "onehot", k="auto")
+  p = _exact_joint(target, s)
+  pval, (tv, eps) = _gate(counts, p), _tv(counts, p)
+  assert pval > 1e-4 and tv < eps, (pval, tv, eps)
+  out = specdec.generate(
+    target, [[3, 7, 1]] * 512, max_new_tokens=3, temperature=1.0, drafter=draft_lm(draft),
+    k="auto",
+  )  # fmt: skip
+  hist = out.stats["tier_hist"]
+  assert hist[0] > 0 and hist[1] > 0, hist
+
+
+# --- the cost curve ----------------------------------------------------------------------------
+
+
+def test_the_cost_curve_is_measured_once_then_loaded(tmp_path, monkeypatch):
+  small = tiny_model(num_hidden_layers=1)
+  bud = Budget(tiers=(1, 4))
+  args = (small, ngram(), bud, 2, 128, 16)  # batch 2, 128 slots, a 16-token context
+  first = step_costs_lib.cost_curve(*args, cache_dir=tmp_path, n_steps=4, reps=2)
+  assert first.shape == (2,) and np.all(np.isfinite(first) & (first > 0))
+  (saved,) = tmp_path.glob("*.json")
+  stored = json.loads(saved.read_text())
+  assert stored["key"]["batch"] == 2 and stored["key"]["tiers"] == [1, 4]
+  assert stored["key"]["backend"] == "cpu" and stored["seconds"] == first.tolist()
+
+  def refuse(*a, **kw):
+    raise AssertionError("measured again")
+
+  monkeypatch.setattr(step_costs_lib, "measure", refuse)
+  np.testing.assert_array_equal(step_costs_lib.cost_curve(*args, cache_dir=tmp_path), first)
+  with pytest.raises(AssertionError, match="measured again"):  # another batch: another key
+    step_costs_lib.cost_curve(small, ngram(), bud, 3, 128, 16, cache_dir=tmp_path)
+
+
+def test_generate_measures_the_curve_for_its_own_shapes(tmp_path, monkeypatch):
+  small = tiny_model(num_hidden_layers=1)
+  monkeypatch.setenv(step_costs_lib.COST_CACHE_ENV, str(tmp_path))
+  kw = dict(max_new_tokens=8, drafter=ngram(), k="auto", budget=Budget(tiers=(1, 2)))
+  out = specdec.generate(small, PROMPTS[:2], **kw)
+  (saved,) = tmp_path.glob("*.json")
+  key = json.loads(saved.read_text())["key"]
+  assert key["batch"] == 2 and key["context"] == 7 and key["drafter"]["name"] == "ngram"
+  assert out.tokens == specdec.generate(small, PROMPTS[:2], max_new_tokens=8).tokens
+
+
+# --- bad input, refused before anything compiles -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "tiers, match",
+  [((0, 2), "integers >= 1"), ((2, 1), "strictly increasing"), ((1, 1), "strictly increasing"),
+   (("4",), "integers >= 1"), ((), "integers >= 1")],
+)  # fmt: skip
+def test_bad_tiers_are_refused(model, tiers, match):
+  with pytest.raises(ValueError, match=match):
+    specdec.generate(model, PROMPTS, drafter=ngram(), k="auto", budget=Budget(tiers=tiers))
+
+
+def test_a_tier_past_the_cache_room_is_refused(model):
+  with pytest.raises(ValueError, match="largest budget tier, k=500.*cache room"):
+    specdec.generate(
+      model, PROMPTS, max_new_tokens=8, drafter=ngram(), k="auto", budget=Budget(tiers=(1, 500))
+    )
+
+
+@pytest.mark.parametrize("costs", [(1.0, 2.0), (1.0, 0.0, 1.0), (1.0, float("nan"), 1.0)])
+def test_a_bad_cost_curve_is_refused(model, costs):
+  with pytest.raises(ValueError, match="step_costs must be 3 positive finite"):
+    specdec.generate(
+      model, PROMPTS, drafter=ngram(), k="auto", budget=SMALL, step_costs=costs, max_new_tokens=4
+    )
+
+
+def test_auto_without_a_drafter_and_tiers_without_auto_are_refused(model):
+  with pytest.raises(ValueError, match="k='auto' needs a drafter"):
+    specdec.generate(model, PROMPTS, k="auto")
+  with pytest.raises(ValueError, match="k='auto' needs a drafter"):
+    specdec.generate(model, PROMPTS, drafter=specdec.drafters.null(), k="auto")
+  with pytest.raises(ValueError, match="budget= chooses the tiers of k='auto', got k=4"):
+    specdec.generate(model, PROMPTS, drafter=ngram(), k=4, budget=SMALL)
+  with pytest.raises(ValueError, match="or 'auto', got k='four'"):
+    specdec.generate(model, PROMPTS, drafter=ngram(), k="four")
+
+
+@dataclasses.dataclass(frozen=True)
+class Remembers(NGram):
+  """An n-gram drafter that keeps its last drafts: a state whose shape follows k."""
+
+  def init(self, params, prompt_BT, lengths_B, target):
+    return jnp.zeros((prompt_BT.shape[0], 0), jnp.int32)
+
+  def propose(self, params, state, ctx, k, sampling, key):
+    draft_BJ, q, _ = super().propose(params, state, ctx, k, sampling, key)
+    return draft_BJ, q, draft_BJ
+
+
+def test_a_drafter_whose_state_follows_k_is_refused(model):
+  with pytest.raises(
+    ValueError,
+    match=r"ngram drafter.s state differs between tiers \(state.draft enters a k=1 step as "
+    r"\(3, 0\)",
+  ):
+    specdec.generate(model, PROMPTS, drafter=Remembers(), k="auto", budget=SMALL, step_costs=COSTS)
