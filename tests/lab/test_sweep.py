@@ -93,7 +93,7 @@ def test_killed_sweep_loses_at_most_the_cell_in_flight(tmp_path):
   [
     (dict(ks=(600,)), "exceeds the cache room of 512 positions"),
     (dict(prompt_tokens=(600,)), "exceeds"),
-    (dict(ks=(0,)), "k=0 must be >= 1"),
+    (dict(ks=(0,)), "k=0 must be an integer >= 1"),
     (dict(methods=("null", "medusa")), "unknown method 'medusa'"),
     (dict(target_formats=("exl3",)), "target_formats"),
     (dict(legs=1), "legs"),
@@ -228,7 +228,7 @@ def test_bad_input_is_one_line_before_anything_loads_and_leaves_no_directory(tmp
   for flag, fragment in [
     ("--config.methods=null,nope", "config.methods: unknown method 'nope'"),
     ("--config.checkpoints.mtp=/no/such/dir", "config.checkpoints.mtp='/no/such/dir'"),
-    ("--config.ks=(0,)", "config.ks: k=0 must be >= 1"),
+    ("--config.ks=(0,)", "config.ks: k=0 must be an integer >= 1"),
   ]:
     p = subprocess.run(
       [sys.executable, "-m", "experiments.sweep", flag, f"--out={out}"],
