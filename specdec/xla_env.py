@@ -11,7 +11,9 @@ A library user who wants the defaults calls it before any JAX work. Set XLA_FLAG
 
 `enable_compile_cache` turns on JAX's persistent compilation cache in a user cache directory
 (`specdec.load` and `specdec.generate` call it): a second process loads the executables the first
-built. SPECDEC_COMPILE_CACHE=off turns it off; a directory set in jax's own config wins.
+built. SPECDEC_COMPILE_CACHE=off turns it off; a directory set in jax's own config wins. On the
+CPU backend it stays off unless SPECDEC_COMPILE_CACHE names a directory: loading a CPU executable
+from the cache has crashed processes (a segfault inside jax's `get_executable_and_time`).
 """
 
 import os
@@ -84,8 +86,9 @@ def default_cache_dir() -> Path:
 
 def enable_compile_cache() -> str | None:
   """Points jax's persistent compilation cache at specdec's user cache directory unless the user
-  chose otherwise; returns the directory in use (None: no cache). Only takes effect before the
-  process's first compile (jax reads the setting once)."""
+  chose otherwise (on the CPU backend, only at a directory SPECDEC_COMPILE_CACHE names); returns
+  the directory in use (None: no cache). Only takes effect before the process's first compile
+  (jax reads the setting once)."""
   import jax
 
   chosen = os.environ.get(COMPILE_CACHE_ENV, "")
@@ -94,6 +97,8 @@ def enable_compile_cache() -> str | None:
   current = jax.config.jax_compilation_cache_dir
   if current:
     return current
+  if not chosen and jax.default_backend() == "cpu":
+    return None
   path = Path(chosen) if chosen else default_cache_dir()
   path.mkdir(parents=True, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", str(path))

@@ -130,11 +130,20 @@ def _cache_dir_in_child(tmp_path, **env) -> str:
   return out.stdout.strip().splitlines()[-1]
 
 
-def test_the_persistent_compile_cache_defaults_to_the_user_cache_dir(tmp_path):
-  want = str(tmp_path / "specdec" / "jax")
-  env = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-  assert _cache_dir_in_child(tmp_path, **env) == f'["{want}", "{want}"]'
-  assert any((tmp_path / "specdec" / "jax").iterdir())  # the executable was written there
+def test_the_persistent_compile_cache_is_off_on_the_cpu_unless_a_directory_is_named(tmp_path):
+  # On a GPU the default is the user cache dir (default_cache_dir); CPU loads have crashed.
+  assert _cache_dir_in_child(tmp_path) == "[null, null]"
+  assert not (tmp_path / "specdec").exists()
   assert _cache_dir_in_child(tmp_path, SPECDEC_COMPILE_CACHE="off") == "[null, null]"
   mine = tmp_path / "mine"
-  assert _cache_dir_in_child(tmp_path, SPECDEC_COMPILE_CACHE=str(mine)) == f'["{mine}", "{mine}"]'
+  env = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  got = _cache_dir_in_child(tmp_path, SPECDEC_COMPILE_CACHE=str(mine), **env)
+  assert got == f'["{mine}", "{mine}"]'
+  assert any(mine.iterdir())  # the executable was written there
+
+
+def test_the_default_cache_dir_is_under_the_user_cache_home(tmp_path, monkeypatch):
+  from specdec import xla_env
+
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  assert xla_env.default_cache_dir() == tmp_path / "specdec" / "jax"
