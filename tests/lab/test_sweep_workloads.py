@@ -40,7 +40,9 @@ def test_the_default_sweeps_k_by_context_up_to_the_zoo_limit_for_every_drafter()
     room = json.load(f)["max_position_embeddings"]
   assert len(contexts) >= 3 and contexts[-1] > room // 2
   assert cfg.workloads == ("jax_source",) and wl.is_document_workload(cfg.workloads[0])
-  assert set(cfg.methods) == {*sweep.MODEL_FREE, *cfg.checkpoints.keys()}
+  # Every drafter but suffix decoding, which runs in configs/suffix.py on the workload it is for
+  # (in the default sweep it took 5 min 44 s, past the 5 minutes; docs/benchmarks.md).
+  assert set(cfg.methods) == {*sweep.MODEL_FREE, *cfg.checkpoints.keys()} - {"suffix"}
   drafted = {(c.method, c.k, c.prompt_tokens) for c in cells if c.method != "null"}
   assert len(drafted) == (len(cfg.methods) - 1) * len(cfg.ks) * len(contexts)
   # A document prompt is exactly prompt_tokens long, so this is the check the sweep makes.
