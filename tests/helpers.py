@@ -3,6 +3,7 @@
 import functools
 import json
 import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,13 @@ from specdec.models.config import from_hf_dict
 
 GOLDEN = "tests/fixtures/golden"
 QUANT_FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "quant"
+
+
+def copied_checkpoint(source: str, tmp_path) -> str:
+  """A checkpoint directory copied under tmp_path, for tests that edit its files."""
+  path = str(tmp_path / "m")
+  shutil.copytree(source, path)
+  return path
 
 
 def tiny_config(**kw):

@@ -1,7 +1,6 @@
 """Bad hybrid checkpoints fail with one error naming the file, the tensor or the key."""
 
 import os
-import shutil
 
 import jax.numpy as jnp
 import numpy as np
@@ -10,15 +9,14 @@ import pytest
 import specdec
 from specdec.checkpoint.safetensors_io import read_tensors
 from tests.checkpoint.test_loader_errors import _edit_config, _edit_tensors, _fails
+from tests.helpers import copied_checkpoint
 
 SOURCE = "tests/fixtures/hybrid/qwen3_next_moe"  # layers 1 and 3 routed (8 experts), 0 and 2 dense
 
 
 @pytest.fixture
 def ckpt(tmp_path):
-  path = str(tmp_path / "m")
-  shutil.copytree(SOURCE, path)
-  return path
+  return copied_checkpoint(SOURCE, tmp_path)
 
 
 def test_loads_with_stacked_experts(ckpt):

@@ -2,7 +2,6 @@
 DeltaNet projections regrouped into Qwen3-Next's (parity: test_hybrid_golden.py's fixtures)."""
 
 import os
-import shutil
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +11,7 @@ import specdec
 from specdec.checkpoint.safetensors_io import read_tensors
 from specdec.models.config import ConfigError, from_hf_dict
 from tests.checkpoint.test_loader_errors import _edit_tensors, _fails
-from tests.helpers import hybrid_hf_dict
+from tests.helpers import copied_checkpoint, hybrid_hf_dict
 
 BASE = hybrid_hf_dict(
   model_type="qwen3_5_text", num_hidden_layers=4, layer_types=None, decoder_sparse_step=None,
@@ -48,9 +47,7 @@ SOURCE = "tests/fixtures/hybrid/qwen3_5_dense"
 
 @pytest.fixture
 def ckpt(tmp_path):
-  path = str(tmp_path / "m")
-  shutil.copytree(SOURCE, path)
-  return path
+  return copied_checkpoint(SOURCE, tmp_path)
 
 
 def test_split_projections_regroup_by_key_head(ckpt):
