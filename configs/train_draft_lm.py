@@ -5,7 +5,7 @@
 
 Pure KL to the target's soft distribution (distill_alpha = 1) on the target's own continuations
 (the zoo build points train_file at the self-distilled stream): acceptance depends on matching the
-target, not the data. Most of its parameters are the embedding (8192 x 120). Same tokenizer, vocabulary and context as the target
+target, not the data. Most of its parameters are the embedding (8192 x 104). Same tokenizer, vocabulary and context as the target
 (the draft_lm drafter keeps its own cache at the target's positions); the best held-out KL is
 exported.
 """
@@ -17,7 +17,7 @@ def get_config():
   c = train_target.get_config()
   c.model.update(
     dict(
-      hidden_size=120,
+      hidden_size=104,
       intermediate_size=384,
       num_hidden_layers=1,
       num_attention_heads=2,

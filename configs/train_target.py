@@ -21,7 +21,7 @@ def get_config():
       model_type="qwen3",
       vocab_size=8192,
       hidden_size=256,
-      intermediate_size=640,
+      intermediate_size=512,
       num_hidden_layers=12,
       num_attention_heads=8,
       num_key_value_heads=2,
