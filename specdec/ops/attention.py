@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from kernels_pallas import decode_attention
-from specdec.ops.kv_cache import from_cache
+from specdec.ops.kv_cache import FP8, from_cache
 
 ATTENTION_PATHS = ("auto", "xla")  # what `attention_path` returns
 
@@ -47,12 +47,46 @@ def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0, tree=
   # The kernel masks by position alone, so a tree forward takes the XLA path for now.
   da = _attention_kernels() if tree is None else None
   if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # the caches as stored
-    return by_heads(da.decode_attention)(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
+    kernel = with_xla_gradient(by_heads(da.decode_attention))
+    return kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
   k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
   v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
   if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # FP8 codes over SMEM, widened
-    return by_heads(da.decode_attention)(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+    return with_xla_gradient(by_heads(da.decode_attention))(q_BTNH, k_BSKH, v_BSKH, positions_BT)
   return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT, tree)
+
+
+def with_xla_gradient(kernel):
+  """`kernel(q, k, v, positions, [k_scale, v_scale])` forward, `attend_xla`'s gradient backward:
+  a Pallas call has no differentiation rule, and the trainers differentiate through decode-shaped
+  forwards (chained MTP / EAGLE-3 drafting). Caches of FP8 codes and the scales get no gradient."""
+
+  @jax.custom_vjp
+  def attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales):
+    return kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales)
+
+  def forward(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales):
+    out = kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales)
+    return out, (q_BTNH, k_BSKH, v_BSKH, positions_BT, scales)
+
+  def backward(residuals, g_BTNH):
+    q_BTNH, k_BSKH, v_BSKH, positions_BT, scales = residuals
+    k_scale, v_scale = scales or (1.0, 1.0)
+
+    def reference(q, k, v):
+      k, v = from_cache(k, k_scale, q.dtype), from_cache(v, v_scale, q.dtype)
+      return attend_xla(q, k, v, positions_BT)
+
+    if k_BSKH.dtype == FP8:  # codes: only the queries get a gradient
+      _, vjp = jax.vjp(lambda q: reference(q, k_BSKH, v_BSKH), q_BTNH)
+      grads = (*vjp(g_BTNH), None, None)
+    else:
+      _, vjp = jax.vjp(reference, q_BTNH, k_BSKH, v_BSKH)
+      grads = vjp(g_BTNH)
+    return (*grads, None, *(None for _ in scales))
+
+  attention.defvjp(forward, backward)
+  return attention
 
 
 def by_heads(kernel):
