@@ -8,6 +8,8 @@ import pytest
 import specdec
 from specdec.decoding.tree import tree
 from specdec.drafters import eagle3, mtp
+from specdec.ops.sampling import Sampling
+from tests.decoding import test_spec_gates as gates
 from tests.decoding import test_tree
 from tests.decoding.test_tree import PROMPTS
 from tests.helpers import tiny_model
@@ -55,6 +57,7 @@ def test_a_chain_shaped_tree_is_the_chain(target, name):
   as_tree = specdec.generate(target, PROMPTS, tree=TREES["chain"], **kw)
   assert as_tree.tokens == chain.tokens
   assert as_tree.stats["accept_hist"] == chain.stats["accept_hist"]
+  assert as_tree.stats["accepted"] > 0  # the comparison saw accepted drafts
 
 
 def test_a_head_that_drafts_what_the_target_says_accepts_deep_paths(target):
@@ -78,3 +81,16 @@ def test_a_node_with_more_children_than_draftable_tokens_is_refused(target):
   drafter = eagle3.eagle3(target, config=cfg, draft_ids=np.asarray([37]))
   with pytest.raises(ValueError, match="2 children exceeds the 1 draftable tokens"):
     specdec.generate(target, PROMPTS, max_new_tokens=8, drafter=drafter, tree=TREES["bushy"][:2])
+
+
+small_vocab = gates.small_vocab  # the gate's 12-token target
+
+
+def test_tree_sampling_with_a_head_is_lossless(small_vocab):
+  """The tree-sampling gate of test_tree.py with an MTP head drafting the wide tree."""
+  target, _ = small_vocab
+  s = Sampling(1.0, 0, 1.0)
+  counts = test_tree._tree_joint(target, mtp.mtp(target, seed=1), s)
+  p = gates._exact_joint(target, s)
+  pval, (tv, eps) = gates._gate(counts, p), gates._tv(counts, p)
+  assert pval > 1e-4 and tv < eps, (pval, tv, eps)
