@@ -2,12 +2,19 @@
 baseline, the chain-shaped tree as the k-chain (which checks commit_tree's head state), deep
 accepted paths, and lossless tree sampling."""
 
+import itertools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specdec
+from specdec.decoding.generate import cache_slots
+from specdec.decoding.step import StepConfig, prefill, step
 from specdec.decoding.tree import tree
 from specdec.drafters import eagle3, mtp
+from specdec.model import forward
 from specdec.ops.sampling import Sampling
 from tests.decoding import test_spec_gates as gates
 from tests.decoding import test_tree
@@ -94,3 +101,29 @@ def test_tree_sampling_with_a_head_is_lossless(small_vocab):
   p = gates._exact_joint(target, s)
   pval, (tv, eps) = gates._gate(counts, p), gates._tv(counts, p)
   assert pval > 1e-4 and tv < eps, (pval, tv, eps)
+
+
+def test_after_a_tree_step_the_head_state_is_teacher_forced_on_the_committed_sequence(target):
+  """A full binary tree drafts both of a two-token draft vocabulary at every node, so the
+  target's run of 37s is accepted along a path whose nodes are not 0, 1, 2, 3 (depth 2 is a node
+  in 3..6): the head's cache and output at pair L-2 must be those of the committed sequence
+  under the true features."""
+  cfg = eagle3.make_config(target.config, draft_vocab_size=2)
+  drafter = eagle3.eagle3(target, config=cfg, draft_ids=np.asarray([5, 37]), seed=2)
+  t = tree([p for d in range(1, 4) for p in itertools.product((0, 1), repeat=d)])
+  sc = StepConfig(target.config, jnp.float32, drafter, t.depth, Sampling(), "greedy", (), tree=t)
+  prompt = [3] * 18 + [11]
+  S = cache_slots(32, 16, t.size - 1)
+  prompt_BT = jnp.zeros((1, 32), jnp.int32).at[0, : len(prompt)].set(jnp.asarray(prompt))
+  args = (jnp.asarray([len(prompt)]), jnp.asarray([16]), jax.random.key(0))
+  st = prefill(target.params, drafter.params, prompt_BT, *args, sc, S)
+  st = jax.jit(step, static_argnames="sc")(target.params, drafter.params, st, sc)
+  L = int(st.lengths[0])
+  assert int(st.accepted[0]) == t.depth
+  seq_1L = jnp.asarray(st.tokens[:, :L])
+  out = forward(target.params, seq_1L, target.config, jnp.float32, drafter.taps)
+  h_1LD = drafter.features(drafter.params, out)
+  want_1LD, want = drafter.teacher_forced(drafter.params, h_1LD, seq_1L, S)
+  np.testing.assert_allclose(st.draft.h_BD[0], want_1LD[0, L - 2], rtol=1e-4, atol=1e-4)
+  for got, ref in zip(st.draft.cache.k + st.draft.cache.v, want.k + want.v, strict=True):
+    np.testing.assert_allclose(got[0, : L - 1], ref[0, : L - 1], rtol=1e-4, atol=1e-4)
