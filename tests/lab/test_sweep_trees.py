@@ -1,14 +1,13 @@
 """Static draft trees as values of the sweep's axes: rows, the gate, the table beside the chains,
 resume, and refusal of bad specs and of methods that cannot draft trees."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 
 from configs import trees as trees_config
-from specdec.lab import driver, report, results, sweep, tables, trees
+from specdec.lab import driver, plots, report, results, sweep, tables, trees
 from specdec.lab.sweep import SweepError
 from tests.lab.test_sweep import FLAGS, small_config
 
@@ -64,8 +63,6 @@ def test_the_k_plot_leaves_trees_out_and_says_so(tree_run):
   cells = tables.aggregate(results.load_rows(out / "results.jsonl"))
   series = tables.tau_vs_k_series(cells)
   assert not any("wide3" in label for label in series)
-  from specdec.lab import plots
-
   fig = plots.tau_vs_k_figure(series, trees_left_out=True)
   assert plots.TREES_LEFT_OUT in fig._suptitle.get_text()
 
@@ -109,9 +106,8 @@ def test_a_bad_tree_flag_is_one_line_from_the_cli(tmp_path):
   cmd = [sys.executable, "-m", "experiments.sweep", *FLAGS, "--config.trees=wide3,nosuch"]
   p = subprocess.run([*cmd, f"--out={tmp_path}/run"], capture_output=True, text=True)
   assert p.returncode == 1
-  assert p.stderr.strip().splitlines()[-1].startswith(
-    "sweep: config.trees: 'nosuch': unknown tree 'nosuch'"
-  )
+  last = p.stderr.strip().splitlines()[-1]
+  assert last.startswith("sweep: config.trees: 'nosuch': unknown tree 'nosuch'"), p.stderr
 
 
 def test_a_method_that_cannot_draft_trees_is_refused_by_name(tmp_path):
