@@ -6,7 +6,9 @@ interleaved A, B, A, B). Within a (cell, leg) the requests run one batch after a
 batch (cell.batch requests, which decode together and share its compiles) is the warm-up and is
 left out of every timing. Leg l substitutes one prompt token by repetition l, so a copying drafter
 cannot draft from memory of the previous leg. Sampled cells also run once per `config.seeds`
-entry (the Cell's sample_seed); greedy cells, which no seed changes, run the first only.
+entry (the Cell's sample_seed); greedy cells, which no seed changes, run the first only. Each
+static tree of `config.trees` (specdec/lab/trees.py) is a cell of every drafted method beside its
+chains (the Cell's tree, k its depth), verified by generate(tree=).
 
 Workloads: every prompt of a workload is one request. A multi-turn record (MT-Bench style) gives one
 request per user turn, its prompt the earlier turns each followed by the target's own answer: that
@@ -53,7 +55,7 @@ from specdec.decoding import budget as budget_lib
 from specdec.decoding import memory
 from specdec.decoding.accept import base_mode, validate_mode
 from specdec.decoding.compiles import CompileCounter
-from specdec.decoding.generate import (
+from specdec.decoding.generate import (  # _tree_plan: generate's own tree checks, run ahead
   _tree_plan,
   cache_slots,
   check_cache_room,
@@ -444,7 +446,7 @@ class Runner:
       _tree_plan(self.target, drafter, cell.k, trees_lib.resolve(cell.tree)[1], mode)
     drafter.validate(self.target.config, k, slots)
     memory.check_fits(
-      self.target, self.drafters[cell.method], k, cell.batch, bucket, slots, kv_dtype(cell),
+      self.target, drafter, k, cell.batch, bucket, slots, kv_dtype(cell),
       self.cfg.memory_fraction,
     )  # fmt: skip
 
