@@ -415,7 +415,8 @@ def draft_budget(cells: list[Cell], knee_threshold: float = 0.1) -> Table:
 
 TREE_NOTE = (
   "verify width: tokens each verify feeds the target, k+1 for a chain, a static tree's nodes with "
-  "its root; a tree's τ counts the tokens its accepted path emits"
+  "its root; a tree's τ counts the tokens its accepted path emits, its acceptance the accepted "
+  "drafts over its depth per step"
 )
 
 
