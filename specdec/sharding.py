@@ -170,6 +170,21 @@ def shardings_of(specs, mesh: jax.sharding.Mesh):
   return jax.tree.map(lambda sp: NamedSharding(mesh, sp), specs, is_leaf=is_spec)
 
 
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+  """Whole on every device of `mesh`."""
+  return NamedSharding(mesh, P())
+
+
+def decode_state_shardings(st, mesh: jax.sharding.Mesh):
+  """Where a decode state lives under `mesh`: the target's KV cache by kv heads (as the k/v
+  projections split it), every other field replicated. `generate` puts its prefilled state there
+  and `lower_ahead` lowers the decode chunk for it, so the two share one executable (and
+  step_costs measures that chunk)."""
+  by_kv = NamedSharding(mesh, KV_HEADS)
+  whole = replicated(mesh)
+  return jax.tree.map(lambda _: whole, st).replace(cache=jax.tree.map(lambda _: by_kv, st.cache))
+
+
 def bytes_per_device(tree) -> int:
   """The bytes of a pytree on its fullest device: a placed array counts the shards each device
   holds, anything else (host arrays, quantized leaves' parts) counts whole on every device."""
