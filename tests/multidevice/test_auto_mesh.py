@@ -1,6 +1,6 @@
 """k="auto" under a tensor axis on the fake 4-device CPU mesh: the cost curve is measured on the
-sharded step and cached under the mesh's shape, and greedy auto decoding at TP = 2 gives the
-single-device tokens."""
+sharded step and cached under the mesh's shape, and greedy auto decoding at TP = 2 (through
+`generate` and a TP sweep) gives the single-device tokens."""
 
 import json
 
@@ -61,3 +61,18 @@ def test_auto_compiles_ahead_under_a_mesh(model):
   out = specdec.generate(model, PROMPTS, **kw)
   assert out.stats["compiles"] == 0
   assert out.tokens == specdec.generate(model, PROMPTS, max_new_tokens=12).tokens
+
+
+def test_a_tensor_parallel_sweep_runs_k_auto_with_the_single_device_outputs(tmp_path, monkeypatch):
+  from specdec.lab import driver, results
+  from tests.lab.test_sweep import small_config
+
+  monkeypatch.setenv(step_costs.COST_CACHE_ENV, str(tmp_path / "costs"))
+  cfg = dict(methods=("ngram",), ks=("auto",), budget_tiers=(1, 2))
+  outputs = {}
+  for name, tp in (("one", 1), ("tp2", 2)):
+    driver.run(small_config(tensor_parallel=tp, **cfg), str(tmp_path / name), progress=False)
+    rows = results.load_rows(tmp_path / name / results.RESULTS_NAME)
+    assert all(r["gate_passed"] for r in rows) and any(r["k"] == "auto" for r in rows)
+    outputs[name] = {(r["method"], r["k"], r["leg"], r["extra"]["output_sha"]) for r in rows}
+  assert outputs["one"] == outputs["tp2"]
