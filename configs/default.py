@@ -38,6 +38,10 @@ def get_config():
   # this sweep it took 5 min 44 s on a 2-core CPU, past the 5 minutes (docs/benchmarks.md).
   c.methods = ("null", "ngram", "draft_lm", "mtp", "eagle3", "block8", "block16")
   c.ks = (1, 2, 4)
+  # Static draft trees, beside the chains of ks, for every method that drafts trees (a method
+  # that cannot is refused by name): presets of specdec/lab/trees.py or tuples of paths such as
+  # ((0,), (1,), (0, 0)); none here (configs/trees.py sweeps them).
+  c.trees = ()
   # Context lengths up to the zoo target's 2048 positions (prompt + max_new_tokens + k + 1 fit).
   # 0: prompts as they are; > 0: documents cut, other prompts extended with real text, to it.
   c.prompt_tokens = (128, 512, 1920)

@@ -1,6 +1,7 @@
 """The main job: a draft-budget x context-length sweep from an ml_collections config.
 
 python -m experiments.sweep [--config=configs/default.py] [--config.ks=1,2,4] --out=runs/default
+python -m experiments.sweep --config=configs/trees.py --out=runs/trees  # static trees beside chains
 
 Spread over N processes (one per GPU, or CPU processes), each started with the same flags and its
 own --process_id, all appending to the one --out (specdec.lab.processes):

@@ -6,9 +6,12 @@ Column-parallel projections (q, k, v, gate, up, the LM head) split their output 
 whole MLP columns; norms and the embedding are replicated. The step is the same jitted function:
 XLA's SPMD partitioner inserts the reductions dense weights need (quantized ones run per device
 in specdec.ops.qmatmul's `shard_map`, by `split_of`), and the KV cache follows the k/v
-projections (sharded by kv heads). Drafters stay replicated. NVFP4 and FP8 weights split by the
-same rule, row-parallel ones only where each shard holds whole 16-wide NVFP4 groups; EXL3 (16 x 16
-trellis tiles) and fused projections are refused by name (a tensor mesh loads the separate ones).
+projections (sharded by kv heads). Drafters stay replicated. NVFP4, FP8 and EXL3 weights split
+by the same rule: a row-parallel NVFP4 weight only where each shard holds whole 16-wide scale
+groups, an EXL3 weight only where each shard holds whole 128-point Hadamard blocks along the split
+dimension (its rotations are block-diagonal at 128, so a shard's rotation is its own; whole blocks
+are whole 16 x 16 trellis tiles). Fused projections are refused by name (a tensor mesh loads the
+separate ones).
 """
 
 import dataclasses
@@ -88,10 +91,11 @@ def spec_of(path: tuple[str, ...], leaf) -> P:
 
 def quantized_specs(w, split: str | None, tensor: int, where: str):
   """`w` with each array field replaced by its partition spec when `w` splits by `split` over
-  `tensor` devices (fields are [N, ...] by output feature n). ShardingError, naming `where` and the
-  degree, for a row split that would cut NVFP4's scale groups and for weight types that do not
-  split (EXL3's 16 x 16 trellis tiles)."""
-  from specdec.quant import fp8, nvfp4
+  `tensor` devices (NVFP4 / FP8 fields are [N, ...] by output feature n, EXL3's trellis
+  [K/16, N/16, ...], suh by input and svh and bias by output feature). ShardingError, naming
+  `where`, the weight's shape and the degree, for a split that would cut NVFP4's scale groups or
+  EXL3's Hadamard blocks."""
+  from specdec.quant import exl3, fp8, nvfp4
 
   if tensor == 1 or split is None:
     return jax.tree.map(lambda _: P(), w)
@@ -110,10 +114,35 @@ def quantized_specs(w, split: str | None, tensor: int, where: str):
     if split == "columns":
       return dataclasses.replace(w, codes_NK=by_n, scale_N=P("tensor"))
     return dataclasses.replace(w, codes_NK=by_k, scale_N=P())
+  if isinstance(w, exl3.EXL3Weight):
+    check_exl3_split(w, split, tensor, where)
+    on = lambda spec: None if w.bias is None else spec  # noqa: E731
+    if split == "columns":
+      return dataclasses.replace(
+        w, trellis=P(None, "tensor", None), suh=P(), svh=P("tensor"), bias=on(P("tensor"))
+      )
+    return dataclasses.replace(
+      w, trellis=P("tensor", None, None), suh=P("tensor"), svh=P(), bias=on(P())
+    )
   raise ShardingError(
-    f"{where}: {type(w).__name__} weights cannot be split over tensor={tensor} yet; load the bf16 "
-    "model or an NVFP4 / FP8 one"
+    f"{where}: {type(w).__name__} weights cannot be split over tensor={tensor}; load the bf16 "
+    "model or an NVFP4 / FP8 / EXL3 one"
   )
+
+
+def check_exl3_split(w, split: str, tensor: int, where: str) -> None:
+  """ShardingError unless every shard of the EXL3 weight `w` along `split` holds whole 128-point
+  Hadamard blocks of its unpadded features: the rotation mixes a block's 128 features, so a shard
+  that cuts one (or holds the padding past the last feature) cannot rotate locally."""
+  from specdec.quant.exl3.hadamard import HAD_DIM
+
+  axis, n = ("in", w.in_features) if split == "rows" else ("out", w.out_features)
+  if n % (HAD_DIM * tensor):
+    raise ShardingError(
+      f"{where}: EXL3 weight (in, out) = {w.shape}, {split} split over tensor={tensor}: "
+      f"{axis}_features={n} gives {n / tensor:g}-wide shards; each must be a multiple of EXL3's "
+      f"{HAD_DIM}-point Hadamard block ({axis}_features a multiple of {HAD_DIM * tensor})"
+    )
 
 
 def param_specs(params, config, tensor: int):
@@ -139,6 +168,21 @@ def shardings_of(specs, mesh: jax.sharding.Mesh):
   """`NamedSharding`s on `mesh` for a tree of partition specs."""
   is_spec = lambda x: isinstance(x, P)  # noqa: E731
   return jax.tree.map(lambda sp: NamedSharding(mesh, sp), specs, is_leaf=is_spec)
+
+
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+  """Whole on every device of `mesh`."""
+  return NamedSharding(mesh, P())
+
+
+def decode_state_shardings(st, mesh: jax.sharding.Mesh):
+  """Where a decode state lives under `mesh`: the target's KV cache by kv heads (as the k/v
+  projections split it), every other field replicated. `generate` puts its prefilled state there
+  and `lower_ahead` lowers the decode chunk for it, so the two share one executable (and
+  step_costs measures that chunk)."""
+  by_kv = NamedSharding(mesh, KV_HEADS)
+  whole = replicated(mesh)
+  return jax.tree.map(lambda _: whole, st).replace(cache=jax.tree.map(lambda _: by_kv, st.cache))
 
 
 def bytes_per_device(tree) -> int:

@@ -169,7 +169,7 @@ def _abstract_state(model, plan: _Plan, mesh=None):
   """The decode state's shapes and dtypes, as the chunk receives it (traced, not compiled);
   under a mesh, with the shardings `generate` gives its inputs (replicated) and state."""
   sc, B = plan.sc, plan.batch
-  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh else None
+  whole = sharding.replicated(mesh) if mesh else None
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=whole)  # noqa: E731
   key = jax.eval_shape(lambda: jax.random.key(0))
   key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=whole)
@@ -177,23 +177,27 @@ def _abstract_state(model, plan: _Plan, mesh=None):
   st = jax.eval_shape(functools.partial(prefill, sc=sc, slots=plan.slots), *inputs)
   if mesh is not None:
     on = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
-    st = jax.tree.map(on, st, _state_shardings(st, mesh))
+    st = jax.tree.map(on, st, sharding.decode_state_shardings(st, mesh))
   if plan.budget:
     b = budget_lib.init_state(B, plan.budget, plan.slots)
-    st = st.replace(budget=jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), b))
+    as_arg = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=whole)  # noqa: E731
+    st = st.replace(budget=jax.tree.map(as_arg, b))
     budget_lib.check_tier_shapes(model.params, sc.drafter.params, st, sc, plan.budget)
   return inputs, st
 
 
-def _auto_costs(model, plan: _Plan, step_costs, context: int) -> np.ndarray:
-  """The cost curve of an auto decode: given, or measured for its shapes (cached on disk)."""
-  _abstract_state(model, plan)  # a drafter whose state changes with k is refused first
+def _auto_costs(model, plan: _Plan, step_costs, context: int, mesh) -> np.ndarray:
+  """The cost curve of an auto decode: given, or measured for its shapes and mesh (cached on
+  disk)."""
+  with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
+    _abstract_state(model, plan, mesh)  # a drafter whose state changes with k is refused first
   if step_costs is None:
     sc = plan.sc
     step_costs = step_costs_lib.cost_curve(
-      model, sc.drafter, plan.budget, plan.batch, plan.slots, context, sc.kv_dtype
+      model, sc.drafter, plan.budget, plan.batch, plan.slots, context, sc.kv_dtype, mesh=mesh
     )  # fmt: skip
-  return jnp.asarray(plan.budget.check_costs(step_costs))
+  costs = plan.budget.check_costs(step_costs)
+  return jax.device_put(costs, sharding.replicated(mesh) if mesh else None)
 
 
 def generate(
@@ -247,8 +251,6 @@ def generate(
   conditions; `step_costs.cost_curve` caches them on disk, before the decode's clock starts).
   """
   if mesh is not None:
-    if k == "auto":
-      raise ValueError("k='auto' under a mesh is not supported yet; use a fixed k")
     model = sharding.on_mesh(model, mesh)
   plan = _plan(
     model, prompts, max_new_tokens, temperature, top_k, top_p, drafter, k, acceptance, max_slots,
@@ -262,11 +264,10 @@ def generate(
   lengths_B = jnp.asarray([len(p) for p in ids], jnp.int32)
   max_new_B = jnp.full((B,), max_new_tokens, jnp.int32)
   if mesh is not None:  # every host input replicated over the mesh, as `lower_ahead` lowers it
-    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), whole)
+    lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), sharding.replicated(mesh))
   xla_env.enable_compile_cache()
   if plan.budget:
-    costs_N = _auto_costs(model, plan, step_costs, max(len(p) for p in ids))
+    costs_N = _auto_costs(model, plan, step_costs, max(len(p) for p in ids), mesh)
   t0 = time.perf_counter()
   with CompileCounter() as built, jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
     st = prefill(
@@ -281,9 +282,10 @@ def generate(
       reject=mode == "reject",
     )
     if mesh is not None:
-      st = jax.device_put(st, _state_shardings(st, mesh))
+      st = jax.device_put(st, sharding.decode_state_shardings(st, mesh))
     if plan.budget:
-      st = st.replace(budget=jax.device_put(budget_lib.init_state(B, plan.budget, slots)))
+      b = budget_lib.init_state(B, plan.budget, slots)
+      st = st.replace(budget=jax.device_put(b, sharding.replicated(mesh) if mesh else None))
     done = np.asarray(st.done)
     t1 = time.perf_counter()
     host_syncs = 1
@@ -367,8 +369,6 @@ def lower_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> list:
   args.arguments.pop("step_costs")  # a traced value too: lowered by its shape
   mesh = args.arguments.pop("mesh")
   if mesh is not None:
-    if args.arguments["k"] == "auto":
-      raise ValueError("k='auto' under a mesh is not supported yet; use a fixed k")
     model = args.arguments["model"] = sharding.on_mesh(model, mesh)
   xla_env.enable_compile_cache()
   plan = _plan(**args.arguments)
@@ -376,22 +376,14 @@ def lower_ahead(model, prompts, max_new_tokens: int = 64, **kw) -> list:
   with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
     inputs, st = _abstract_state(model, plan, mesh)
     if plan.budget:
-      costs_N = jax.ShapeDtypeStruct((len(plan.budget.tiers),), jnp.float32)
+      whole = sharding.replicated(mesh) if mesh else None
+      costs_N = jax.ShapeDtypeStruct((len(plan.budget.tiers),), jnp.float32, sharding=whole)
       chunk = budget_lib.decode_chunk.lower(
         model.params, sc.drafter.params, st, costs_N, sc, plan.budget, CHUNK_STEPS
       )  # fmt: skip
     else:
       chunk = decode_chunk.lower(model.params, sc.drafter.params, st, sc, CHUNK_STEPS)
     return [prefill_fields.lower(*inputs, sc.for_prefill, plan.slots), chunk]
-
-
-def _state_shardings(st, mesh):
-  """Where the decode state lives under `mesh`: the target's KV cache by kv heads (as the k/v
-  projections split it), every other field replicated. `generate` puts its prefilled state there
-  and `lower_ahead` lowers the decode chunk for it, so the two share one executable."""
-  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  by_kv = jax.sharding.NamedSharding(mesh, sharding.KV_HEADS)
-  return jax.tree.map(lambda _: whole, st).replace(cache=jax.tree.map(lambda _: by_kv, st.cache))
 
 
 def compile_lowered(lowered) -> CompileCounter:

@@ -4,11 +4,14 @@
 prefilled batch at a given context and cache size, `n_steps` steps in one on-device loop per
 call, every draft rejected (so each call does the same work at the same context), the first call
 (compile and warm-up) discarded, the median of `reps` calls divided by n_steps. Acceptance runs
-greedy. `cost_curve` keys the result by everything that changes it (target config, drafter,
-device kind, batch, dtypes, tiers, slots, context) and keeps it as a JSON file under the user
-cache directory, so the next decode of those conditions loads it.
+greedy. Under a mesh it times the sharded step `generate` runs there (the target's params and
+the state placed as `generate` places them, the chunk under the mesh). `cost_curve` keys the
+result by everything that changes it (target config, drafter, device kind, mesh shape, batch,
+dtypes, tiers, slots, context) and keeps it as a JSON file under the user cache directory, so the
+next decode of those conditions loads it.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -20,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import xla_env
+from specdec import sharding, xla_env
 from specdec.decoding.budget import Budget
 from specdec.decoding.step import StepConfig, decode_chunk, prefill
 from specdec.ops.sampling import Sampling
@@ -46,13 +49,16 @@ def _describe(drafter) -> dict:
   return out
 
 
-def cache_key(model, drafter, budget: Budget, batch: int, slots: int, context: int, kv_dtype):
+def cache_key(
+  model, drafter, budget: Budget, batch: int, slots: int, context: int, kv_dtype, mesh=None
+):
   device = jax.devices()[0]
   return {
     "target": repr(model.config),
     "drafter": _describe(drafter),
     "backend": device.platform,
     "device_kind": device.device_kind,
+    "mesh": None if mesh is None else dict(mesh.shape),
     "batch": batch,
     "dtype": jnp.dtype(model.dtype).name,
     "kv_dtype": jnp.dtype(kv_dtype or model.dtype).name,
@@ -64,10 +70,11 @@ def cache_key(model, drafter, budget: Budget, batch: int, slots: int, context: i
 
 def measure(
   model, drafter, budget: Budget, batch: int, slots: int, context: int, n_steps: int = 16,
-  reps: int = 5, kv_dtype=None,
+  reps: int = 5, kv_dtype=None, mesh=None,
 ) -> np.ndarray:  # fmt: skip
   """Seconds per step at each tier of `budget` ([N]) for `batch` rows in caches of `slots` slots
-  whose context holds `context` tokens (fewer steps than n_steps where the slots run out)."""
+  whose context holds `context` tokens (fewer steps than n_steps where the slots run out); under
+  `mesh` (a `sharding.make_mesh` mesh), of the step partitioned over it."""
   budget.validate()
   n_steps = min(n_steps, slots - context - budget.k_max - 2)
   if batch < 1 or context < 1 or n_steps < 1 or reps < 1:
@@ -84,39 +91,47 @@ def measure(
   prompt_BT[:, :context] = rng.integers(0, model.config.vocab_size, (batch, context))
   lengths_B = jnp.full((batch,), context, jnp.int32)
   max_new_B = jnp.full((batch,), n_steps + 2, jnp.int32)  # no row finishes inside a chunk
+  if mesh is not None:  # as `generate` runs under a mesh: inputs replicated, params placed
+    model = sharding.on_mesh(model, mesh)
+    lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), sharding.replicated(mesh))
   seconds = []
-  for k in budget.tiers:
-    sc = StepConfig(model.config, model.dtype, drafter, k, Sampling(), "greedy", (), kv_dtype)
-    times = []
-    for _ in range(reps + 1):
-      st = prefill(
-        model.params, drafter.params, jnp.asarray(prompt_BT), lengths_B, max_new_B,
-        jax.random.key(0), sc, slots, reject=True,
-      )  # fmt: skip
-      jax.block_until_ready(st)
-      t0 = time.perf_counter()
-      st = jax.block_until_ready(decode_chunk(model.params, drafter.params, st, sc, n_steps))
-      times.append(time.perf_counter() - t0)
-      if int(np.asarray(st.steps).min()) != n_steps:
-        raise RuntimeError(f"measure: the k={k} chunk stopped before {n_steps} steps")
-    seconds.append(float(np.median(times[1:])) / n_steps)
+  with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
+    for k in budget.tiers:
+      sc = StepConfig(model.config, model.dtype, drafter, k, Sampling(), "greedy", (), kv_dtype)
+      times = []
+      for _ in range(reps + 1):
+        st = prefill(
+          model.params, drafter.params, jnp.asarray(prompt_BT), lengths_B, max_new_B,
+          jax.random.key(0), sc, slots, reject=True,
+        )  # fmt: skip
+        if mesh is not None:
+          st = jax.device_put(st, sharding.decode_state_shardings(st, mesh))
+        jax.block_until_ready(st)
+        t0 = time.perf_counter()
+        st = jax.block_until_ready(decode_chunk(model.params, drafter.params, st, sc, n_steps))
+        times.append(time.perf_counter() - t0)
+        if int(np.asarray(st.steps).min()) != n_steps:
+          raise RuntimeError(f"measure: the k={k} chunk stopped before {n_steps} steps")
+      seconds.append(float(np.median(times[1:])) / n_steps)
   return np.asarray(seconds)
 
 
 def cost_curve(
   model, drafter, budget: Budget, batch: int, slots: int, context: int, kv_dtype=None,
-  cache_dir: Path | None = None, **measure_kw,
+  cache_dir: Path | None = None, mesh=None, **measure_kw,
 ) -> np.ndarray:  # fmt: skip
   """The cached cost curve for these conditions ([N] float32 seconds per step), measured (and
-  written) when there is none."""
-  key = cache_key(model, drafter, budget, batch, slots, context, kv_dtype)
+  written) when there is none; `mesh`: the step partitioned over it, a curve of its own."""
+  key = cache_key(model, drafter, budget, batch, slots, context, kv_dtype, mesh)
   name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
   path = Path(cache_dir or default_dir()) / f"{name}.json"
   if path.exists():
     saved = json.loads(path.read_text())
     if saved.get("key") == key:
       return budget.check_costs(saved["seconds"])
-  seconds = measure(model, drafter, budget, batch, slots, context, kv_dtype=kv_dtype, **measure_kw)
+  seconds = measure(
+    model, drafter, budget, batch, slots, context, kv_dtype=kv_dtype, mesh=mesh, **measure_kw
+  )
   seconds = budget.check_costs(seconds)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(f".{os.getpid()}.tmp")

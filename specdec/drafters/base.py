@@ -60,7 +60,9 @@ class Drafter:
 
   def validate_tree(self, tree) -> None:
     """Raises ValueError unless this drafter can draft `tree`, before anything compiles."""
-    raise ValueError(f"drafter {self.name!r} cannot draft trees yet; use ngram or draft_lm")
+    raise ValueError(
+      f"drafter {self.name!r} cannot draft trees yet; use ngram, draft_lm, mtp or eagle3"
+    )
 
   def propose_tree(self, params, state, ctx: Context, tree, sampling, key):
     raise NotImplementedError(f"drafter {self.name!r} cannot draft trees")

@@ -197,14 +197,14 @@ class Eagle3Layer(nn.Module):
   norm_before_residual: bool = False
 
   @nn.compact
-  def __call__(self, emb_BTD, h_BTD, positions_BT, k_BSKH, v_BSKH):
+  def __call__(self, emb_BTD, h_BTD, positions_BT, k_BSKH, v_BSKH, tree=None):
     c = self.config
     e_BTD = RMSNorm(c.rms_norm_eps, name="input_layernorm")(emb_BTD)
     hn_BTD = RMSNorm(c.rms_norm_eps, name="hidden_norm")(h_BTD)
     x_BTD = hn_BTD if self.norm_before_residual else h_BTD
     # q/k/v project the 2D-wide [embedding, hidden]; o_proj returns to D.
     a_BTD, k_BSKH, v_BSKH = Attention(c, name="self_attn")(
-      jnp.concatenate([e_BTD, hn_BTD], -1), positions_BT, k_BSKH, v_BSKH
+      jnp.concatenate([e_BTD, hn_BTD], -1), positions_BT, k_BSKH, v_BSKH, tree
     )
     x_BTD = x_BTD + a_BTD
     mlp_in_BTD = RMSNorm(c.rms_norm_eps, name="post_attention_layernorm")(x_BTD)
@@ -238,8 +238,10 @@ class Eagle3Head(nn.Module):
       taps_BTX = jnp.concatenate([n(p) for n, p in zip(self.tap_norms, parts, strict=True)], -1)
     return self.fc(taps_BTX)
 
-  def __call__(self, emb_BTD, h_BTD, positions_BT, cache: KVCache):
-    x_BTD, k_BSKH, v_BSKH = self.midlayer(emb_BTD, h_BTD, positions_BT, cache.k[0], cache.v[0])
+  def __call__(self, emb_BTD, h_BTD, positions_BT, cache: KVCache, tree=None):
+    x_BTD, k_BSKH, v_BSKH = self.midlayer(
+      emb_BTD, h_BTD, positions_BT, cache.k[0], cache.v[0], tree
+    )
     if self.norm_output:
       x_BTD = self.norm(x_BTD)
     return x_BTD, KVCache(k=(k_BSKH,), v=(v_BSKH,))
@@ -303,9 +305,14 @@ class Eagle3(heads.ChainedHead):
     taps_BTX = jnp.concatenate(target.taps, -1)
     return self.module.apply(params["head"], taps_BTX, method="fuse")
 
-  def forward(self, params, h_BTD, tokens_BT, positions_BT, cache):
+  def forward(self, params, h_BTD, tokens_BT, positions_BT, cache, tree=None):
     emb_BTD = jnp.take(params["embed"], tokens_BT, axis=0).astype(self.dtype)
-    return self.module.apply(params["head"], emb_BTD, h_BTD.astype(self.dtype), positions_BT, cache)
+    h_BTD = h_BTD.astype(self.dtype)
+    return self.module.apply(params["head"], emb_BTD, h_BTD, positions_BT, cache, tree)
+
+  @property
+  def draft_vocab_size(self) -> int:
+    return self.spec.draft_vocab_size
 
   def draft_logits(self, params, out_BD):
     return self.module.apply(params["head"], out_BD, method="logits")

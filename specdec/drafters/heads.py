@@ -15,6 +15,14 @@ head's output at pair L-2, so a step costs k head forwards: one of width k+1 in 
 width 1 in propose. Only the first proposal after the prefill runs pair L-2 itself, because the
 first token is sampled after `init` has run.
 
+Trees (specdec/decoding/tree.py): the root's children are the top tokens of the output at pair L-2;
+depth d then runs the head once over its nodes that have children, each node pairing its parent's
+output with its own token at position root + d - 1 (where the chain's d-th draft sits), attending
+to the committed pairs and its ancestors; its children are its top tokens by rank. Node i's K/V
+goes to slot root + i - 1, so a depth-1 node sits in the chain's d_1 slot. commit_tree is the chain
+commit over the accepted path: the target's features at the path's nodes are those of the
+sequence positions the path now fills, so the head ends as the chain leaves it.
+
 The checkpoint helpers below read and write a head's tensors by their published names, with the
 same all-or-nothing checks as the target loader.
 """
@@ -39,6 +47,7 @@ from specdec.drafters.base import Drafter
 from specdec.models.config import ModelConfig
 from specdec.models.transformer import KVCache
 from specdec.ops import sampling as sampling_lib
+from specdec.ops.attention import TreeMask
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -82,8 +91,9 @@ class ChainedHead(Drafter):
     """The target's ForwardOut -> the feature [B, T, D] each pair consumes."""
     raise NotImplementedError
 
-  def forward(self, params, h_BTD, tokens_BT, positions_BT, cache):
-    """Pairs (h, token) at positions -> (the head's output [B, T, D], cache)."""
+  def forward(self, params, h_BTD, tokens_BT, positions_BT, cache, tree=None):
+    """Pairs (h, token) at positions -> (the head's output [B, T, D], cache); tree: a
+    `TreeMask` placing the pairs' K/V and masking their attention."""
     raise NotImplementedError
 
   def logits(self, params, out_BD) -> jax.Array:
@@ -125,9 +135,10 @@ class ChainedHead(Drafter):
     _, cache = self.teacher_forced(params, h_BTD, prompt_BT, target.cache.slots)
     return HeadState(cache=cache, h_BD=gather_B(h_BTD, lengths_B - 1), fresh=jnp.array(True))
 
-  def propose(self, params, state: HeadState, ctx, k, sampling, key):
-    tokens_BS, lengths_B = ctx.tokens_BS, ctx.lengths_B
-    newest_B = jnp.take_along_axis(tokens_BS, (lengths_B - 1)[:, None], 1)[:, 0]
+  def _root_output(self, params, state: HeadState, ctx):
+    """The head's output at pair L-2 (which drafts d_1) and the cache holding pairs <= L-2."""
+    lengths_B = ctx.lengths_B
+    newest_B = jnp.take_along_axis(ctx.tokens_BS, (lengths_B - 1)[:, None], 1)[:, 0]
 
     def run_first_pair(state):
       out_B1D, cache = self.forward(
@@ -135,7 +146,11 @@ class ChainedHead(Drafter):
       )
       return out_B1D[:, 0].astype(self.dtype), cache
 
-    out_BD, cache = jax.lax.cond(state.fresh, run_first_pair, lambda s: (s.h_BD, s.cache), state)
+    return jax.lax.cond(state.fresh, run_first_pair, lambda s: (s.h_BD, s.cache), state)
+
+  def propose(self, params, state: HeadState, ctx, k, sampling, key):
+    lengths_B = ctx.lengths_B
+    out_BD, cache = self._root_output(params, state, ctx)
     keys = jax.random.split(key, k)
     d_B, q_BV = pick(keys[0], self.logits(params, out_BD), sampling)
 
@@ -152,18 +167,64 @@ class ChainedHead(Drafter):
     return draft_BJ, q_BJV, state.replace(cache=cache, fresh=jnp.array(False))
 
   def commit(self, params, state: HeadState, ctx, n_acc_B, target):
+    return self._commit(params, state, ctx, n_acc_B, self.features(params, target))
+
+  def _commit(self, params, state: HeadState, ctx, n_acc_B, h_BTD):
+    """Re-runs the pairs from the previous root on the true features h_BTD (T = depth + 1, the
+    first at the previous root's position) and keeps the output at the new pair L-2."""
     tokens_BS, lengths_B = ctx.tokens_BS, ctx.lengths_B
     S = tokens_BS.shape[1]
-    T = target.logits.shape[1]  # the verify's k+1 positions
+    T = h_BTD.shape[1]
     # Rows still running emitted n_acc + 1 tokens; finished rows compute harmless garbage.
     old_B = lengths_B - n_acc_B - 1
     positions_BT = jnp.maximum(old_B[:, None] - 1 + jnp.arange(T, dtype=jnp.int32), 0)
     next_BT = jnp.take_along_axis(tokens_BS, jnp.minimum(positions_BT + 1, S - 1), 1)
-    out_BTD, cache = self.forward(
-      params, self.features(params, target), next_BT, positions_BT, state.cache
-    )
+    out_BTD, cache = self.forward(params, h_BTD, next_BT, positions_BT, state.cache)
     out_BD = gather_B(out_BTD, n_acc_B).astype(self.dtype)
     return HeadState(cache=cache, h_BD=out_BD, fresh=jnp.array(False))
+
+  @property
+  def draft_vocab_size(self) -> int:
+    """How many distinct tokens the head can draft (a node's children at most)."""
+    return self.head_config.vocab_size
+
+  def validate_tree(self, tree):
+    width, V = tree.children.shape[1], self.draft_vocab_size
+    if width > V:
+      raise ValueError(
+        f"{self.name}: a node with {width} children exceeds the {V} draftable tokens"
+      )
+
+  def propose_tree(self, params, state: HeadState, ctx, tree, sampling, key):
+    del sampling, key  # children are the head's top tokens, whatever the target samples
+    out_BD, cache = self._root_output(params, state, ctx)
+    root_B = ctx.lengths_B - 1
+    B = root_B.shape[0]
+    tok_Bn = jnp.zeros((B, tree.size), jnp.int32)
+    out_BnD = jnp.zeros((B, tree.size, out_BD.shape[-1]), self.dtype).at[:, 0].set(out_BD)
+    width = tree.children.shape[1]
+    for d in range(tree.depth):
+      q_m = tree.at_depth(d)
+      q_m = q_m[tree.children[q_m, 0] >= 0]  # nodes of depth d with children
+      if d:
+        # Pair slots start at the root's: node i at root + i - 1, the root column dropped.
+        mask = TreeMask(root_B, q_m - 1, tree.ancestors[q_m][:, 1:])
+        pos_Bm = jnp.broadcast_to(root_B[:, None] + d - 1, (B, len(q_m)))
+        h_BmD = out_BnD[:, tree.parents[q_m]]
+        o_BmD, cache = self.forward(params, h_BmD, tok_Bn[:, q_m], pos_Bm, cache, tree=mask)
+        out_BnD = out_BnD.at[:, q_m].set(o_BmD.astype(self.dtype))
+      top_Bmo = jax.lax.top_k(self.logits(params, out_BnD[:, q_m]), width)[1].astype(jnp.int32)
+      for r in range(width):
+        child_m = tree.children[q_m, r]
+        has = child_m >= 0
+        tok_Bn = tok_Bn.at[:, child_m[has]].set(top_Bmo[:, has, r])
+    return tok_Bn[:, 1:], state.replace(cache=cache, fresh=jnp.array(False))
+
+  def commit_tree(self, params, state: HeadState, ctx, accepted, target):
+    # The verify's features in node order; the accepted path's are those of its sequence slots.
+    h_BnD = self.features(params, target)
+    h_BTD = jnp.take_along_axis(h_BnD, accepted.path_BT[:, :, None], 1)
+    return self._commit(params, state, ctx, accepted.n_acc_B, h_BTD)
 
 
 # --- Published checkpoint layouts ------------------------------------------------------------

@@ -103,8 +103,9 @@ class MTPHead(nn.Module):
     self.layer_0 = HybridBlock(qwen3_next_mtp.layer_config(c), 0) if hybrid else Block(c)
     self.norm = norm(c.rms_norm_eps)
 
-  def __call__(self, emb_BTD, h_BTD, positions_BT, cache: KVCache):
-    """-> (pre-norm output, post-norm output, cache)."""
+  def __call__(self, emb_BTD, h_BTD, positions_BT, cache: KVCache, tree=None):
+    """-> (pre-norm output, post-norm output, cache); tree: a `TreeMask` (not over a hybrid
+    target, whose trees the step refuses)."""
     if self.mask_first_embedding:
       emb_BTD = jnp.where((positions_BT == 0)[..., None], 0, emb_BTD)
     e_BTD = self.pre_fc_norm_embedding(emb_BTD)
@@ -114,7 +115,7 @@ class MTPHead(nn.Module):
     if isinstance(self.config, HybridConfig):
       x_BTD, (k_BSKH, v_BSKH) = self.layer_0(x_BTD, positions_BT, kv, None)
     else:
-      x_BTD, k_BSKH, v_BSKH = self.layer_0(x_BTD, positions_BT, *kv)
+      x_BTD, k_BSKH, v_BSKH = self.layer_0(x_BTD, positions_BT, *kv, tree)
     return x_BTD, self.norm(x_BTD), KVCache(k=(k_BSKH,), v=(v_BSKH,))
 
   def final_norm(self, x_BTD):
@@ -164,10 +165,10 @@ class MTP(heads.ChainedHead):
   def features(self, params, target):
     return target.taps[-1] if self.spec.feeds_last_layer else target.hidden
 
-  def forward(self, params, h_BTD, tokens_BT, positions_BT, cache):
+  def forward(self, params, h_BTD, tokens_BT, positions_BT, cache, tree=None):
     emb_BTD = self.target_module.apply(params["target"], tokens_BT, method="embed_tokens")
     raw_BTD, normed_BTD, cache = self.module.apply(
-      params["head"], emb_BTD, h_BTD, positions_BT, cache
+      params["head"], emb_BTD, h_BTD, positions_BT, cache, tree
     )
     return (normed_BTD if self.spec.post_norm_hidden else raw_BTD), cache
 

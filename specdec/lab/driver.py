@@ -137,7 +137,7 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
           done[sweep.cell_of(row)] = row
           mean, left = statistics.mean(measured), len(todo) - len(measured)
           bar.set_description(
-            f"leg {leg} {cell.workload} {cell.method} k={cell.k} ctx={cell.prompt_tokens} "
+            f"leg {leg} {cell.workload} {cell.method} {cell.draft} ctx={cell.prompt_tokens} "
             f"T={cell.temperature}"
           )
           bar.set_postfix_str(

@@ -37,6 +37,7 @@ AUTO = "auto"  # the k of a cell whose budget is chosen per step (specdec.decodi
 PANELS_PER_ROW = 4
 UNCOND_LABEL = "unconditional: drafts 1..i all accepted"
 COND_LABEL = "conditional: draft i accepted | drafts 1..i-1 accepted"
+TREES_LEFT_OUT = "static-tree cells left out (their k is a depth): see the draft-budget table"
 
 
 def png(fig: Figure) -> bytes:
@@ -204,7 +205,9 @@ def per_position(series: Mapping[str, tuple], path: str | Path) -> Path:
 # --- draft budget -------------------------------------------------------------------------------
 
 
-def tau_vs_k_figure(series: Mapping[str, Mapping], knee_threshold: float = 0.1) -> Figure:
+def tau_vs_k_figure(
+  series: Mapping[str, Mapping], knee_threshold: float = 0.1, trees_left_out: bool = False
+) -> Figure:
   """tau against k with the knee (metrics.tau_knee) marked; decode tok/s beside it when measured.
 
   The knee is where the next draft token stops adding `knee_threshold` tau; the square on the speed
@@ -213,7 +216,8 @@ def tau_vs_k_figure(series: Mapping[str, Mapping], knee_threshold: float = 0.1) 
   a colour per method throughout; each panel's legend, to its right, names the series with its
   knee or fastest k. A series measured at k = 0 only (the no-draft arm) is a dotted horizontal line
   with its interval as a band; drafted series are nudged apart along the log2 k axis so their
-  error bars do not cover each other.
+  error bars do not cover each other. Static-tree cells have no place on a k axis
+  (tables.tau_vs_k_series leaves them out); trees_left_out says so in the title.
   """
   has_speed = any(
     not all(map(math.isnan, s.get("decode_tok_s", [math.nan]))) for s in series.values()
@@ -270,6 +274,8 @@ def tau_vs_k_figure(series: Mapping[str, Mapping], knee_threshold: float = 0.1) 
   note = f"★ τ knee: next gain < {knee_threshold} τ per draft token; □ fastest k"
   if _has_ci(series, "tau") or _has_ci(series, "decode_tok_s"):
     note += f"; {CI_NOTE}"
+  if trees_left_out:
+    note += f"; {TREES_LEFT_OUT}"
   fig.suptitle(note, fontsize="small")
   return fig
 
@@ -285,9 +291,12 @@ def _baseline(ax, s: Mapping, y: str, label: str, colour: str) -> None:
     ax.axhspan(lo, hi, color=colour, alpha=0.12, lw=0)
 
 
-def tau_vs_k(series: Mapping[str, Mapping], path: str | Path, knee_threshold: float = 0.1) -> Path:
+def tau_vs_k(
+  series: Mapping[str, Mapping], path: str | Path, knee_threshold: float = 0.1,
+  trees_left_out: bool = False,
+) -> Path:  # fmt: skip
   """tau_vs_k_figure written to `path`."""
-  return _save(tau_vs_k_figure(series, knee_threshold), path)
+  return _save(tau_vs_k_figure(series, knee_threshold, trees_left_out), path)
 
 
 # --- context ------------------------------------------------------------------------------------

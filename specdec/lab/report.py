@@ -26,9 +26,9 @@ def run(
   if layout == "per_position":
     written.append(plots.per_position(tables.per_position_series(cells), out / "per_position.png"))
   elif layout == "draft_budget":
-    written.append(
-      plots.tau_vs_k(tables.tau_vs_k_series(cells), out / "tau_vs_k.png", knee_threshold)
-    )
+    trees = any(c.tree is not None for c in cells)
+    series = tables.tau_vs_k_series(cells)
+    written.append(plots.tau_vs_k(series, out / "tau_vs_k.png", knee_threshold, trees))
     chosen = tables.chosen_k_series(rows)
     if chosen:
       written.append(plots.chosen_k(chosen, out / "chosen_k.png"))

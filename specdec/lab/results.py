@@ -53,6 +53,16 @@ ROW_FIELDS: dict[str, Field] = {
     "draft tokens per step (DFlash block size minus 1); 0 for the baseline; 'auto': "
     "chosen on the device before each step among `tiers`",
   ),
+  "tree": _F(
+    "str",
+    False,
+    "a static draft tree's label (specdec.lab.trees: a preset's name, or its paths as JSON), k "
+    "its depth; null: a chain of k drafts",
+  ),
+  "tree_paths": _F("list", False, "the tree's paths of child ranks, in node order; null: a chain"),
+  "verify_width": _F(
+    "int", False, "tokens each verify feeds the target: k+1 for a chain, a tree's nodes (root too)"
+  ),
   "workload": _F("str", True, "'humaneval' or the prompt file's name"),
   "prompt_tokens": _F("int", True, "prompt length in tokens the cell targets (after extension)"),
   "ctx_bucket": _F("str", True, "metrics.bucket_labels label of the bucket holding prompt_tokens"),
@@ -138,6 +148,7 @@ ROW_FIELDS: dict[str, Field] = {
 CELL_FIELDS = (
   "method",
   "k",
+  "tree",
   "workload",
   "prompt_tokens",
   "temperature",

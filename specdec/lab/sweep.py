@@ -6,7 +6,9 @@ interleaved A, B, A, B). Within a (cell, leg) the requests run one batch after a
 batch (cell.batch requests, which decode together and share its compiles) is the warm-up and is
 left out of every timing. Leg l substitutes one prompt token by repetition l, so a copying drafter
 cannot draft from memory of the previous leg. Sampled cells also run once per `config.seeds`
-entry (the Cell's sample_seed); greedy cells, which no seed changes, run the first only.
+entry (the Cell's sample_seed); greedy cells, which no seed changes, run the first only. Each
+static tree of `config.trees` (specdec/lab/trees.py) is a cell of every drafted method beside its
+chains (the Cell's tree, k its depth), verified by generate(tree=).
 
 Workloads: every prompt of a workload is one request. A multi-turn record (MT-Bench style) gives one
 request per user turn, its prompt the earlier turns each followed by the target's own answer: that
@@ -51,9 +53,10 @@ from specdec.checkpoint.zoo import resolve_path
 from specdec.data import workload as workload_lib
 from specdec.decoding import budget as budget_lib
 from specdec.decoding import memory
-from specdec.decoding.accept import validate_mode
+from specdec.decoding.accept import base_mode, validate_mode
 from specdec.decoding.compiles import CompileCounter
-from specdec.decoding.generate import (
+from specdec.decoding.generate import (  # _tree_plan: generate's own tree checks, run ahead
+  _tree_plan,
   cache_slots,
   check_cache_room,
   generate,
@@ -62,6 +65,7 @@ from specdec.decoding.generate import (
 )
 from specdec.drafters import draft_lm, ngram, null, suffix
 from specdec.lab import results
+from specdec.lab import trees as trees_lib
 from specdec.models.fuse import quantized
 from specdec.ops.sampling import Sampling
 
@@ -100,10 +104,18 @@ class Cell:
   kv_dtype: str
   batch: int
   sample_seed: int  # an entry of config.seeds; greedy cells carry the first
+  tree: str | None = None  # a static tree's label (specdec.lab.trees), k its depth; None: a chain
 
   @property
   def baseline(self) -> "Cell":
-    return dataclasses.replace(self, method="null", k=0, acceptance=_auto(self.temperature))
+    return dataclasses.replace(
+      self, method="null", k=0, acceptance=_auto(self.temperature), tree=None
+    )
+
+  @property
+  def draft(self) -> str:
+    """What the cell drafts, for messages: "k=4", "k=auto" or "tree=binary2"."""
+    return f"k={self.k}" if self.tree is None else f"tree={self.tree}"
 
 
 def _auto(temperature: float) -> str:
@@ -122,6 +134,23 @@ def budget_of(cfg) -> budget_lib.Budget:
 def widest_k(cfg, k: int | str) -> int:
   """The verify width a cell's caches must hold: its k, or the largest tier of k="auto"."""
   return budget_of(cfg).k_max if k == "auto" else k
+
+
+def written_slots(cfg, cell: "Cell") -> int:
+  """Slots a verify of the cell writes after the newest token: its widest k, a tree's n - 1."""
+  return widest_k(cfg, cell.k) if cell.tree is None else trees_lib.resolve(cell.tree)[1].size - 1
+
+
+def tree_axis(cfg) -> list[tuple[str, int]]:
+  """(label, depth) of each config.trees entry, in order; a bad spec is a SweepError naming it."""
+  axis = []
+  for spec in cfg.get("trees", ()):
+    try:
+      label, t = trees_lib.resolve(spec)
+    except ValueError as e:
+      raise SweepError(f"config.trees: {spec!r}: {e}") from e
+    axis.append((label, t.depth))
+  return axis
 
 
 def _k(k) -> int | str:
@@ -152,18 +181,32 @@ def normalize(cfg):
     for name in STR_AXES:
       items = (cfg[name],) if isinstance(cfg[name], str) else cfg[name]
       cfg[name] = tuple(v.strip() for item in items for v in item.split(",") if v.strip())
+    if "trees" in cfg:  # preset names as --config.trees=wide3,binary2; paths as they are
+      items = (cfg.trees,) if isinstance(cfg.trees, str) else cfg.trees
+      cfg.trees = tuple(spec for item in items for spec in _tree_specs(item))
     for name in ("ks", "prompt_tokens", "temperatures", "top_ks", "top_ps", "batches", "seeds"):
       if isinstance(cfg[name], int | float):
         cfg[name] = (cfg[name],)
   return cfg
 
 
+def _tree_specs(item) -> list:
+  """A config.trees entry as specs: comma-separated preset names split, paths (a tuple, or JSON
+  as a label writes them) kept whole."""
+  if not isinstance(item, str):
+    return [item]
+  if item.strip().startswith("["):
+    return [item.strip()]
+  return [v.strip() for v in item.split(",") if v.strip()]
+
+
 def expand(cfg) -> list[Cell]:
-  """Every cell of the config's axes; the no-draft arm (k = 0) is always included, first."""
-  cells = []
+  """Every cell of the config's axes; the no-draft arm (k = 0) is always included, first. Each
+  drafted method runs every k of config.ks, then every tree of config.trees (at k = its depth)."""
+  cells, drafts = [], [(_k(k), None) for k in cfg.ks] + [(d, t) for t, d in tree_axis(cfg)]
   for method in ("null", *[m for m in cfg.methods if m != "null"]):
-    ks = (0,) if method == "null" else tuple(cfg.ks)
-    for k, w, pt, t, tk, tp, acc, fmt, kv, b in itertools.product(
+    ks = [(0, None)] if method == "null" else drafts
+    for (k, tree), w, pt, t, tk, tp, acc, fmt, kv, b in itertools.product(
       ks, cfg.workloads, cfg.prompt_tokens, cfg.temperatures, cfg.top_ks, cfg.top_ps,
       cfg.acceptances, cfg.target_formats, cfg.kv_dtypes, cfg.batches,
     ):  # fmt: skip
@@ -171,7 +214,7 @@ def expand(cfg) -> list[Cell]:
       for s in cfg.seeds if t else cfg.seeds[:1]:
         cells.append(
           Cell(
-            method, _k(k), w, int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b), int(s)
+            method, k, w, int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b), int(s), tree
           )
         )
   return list(dict.fromkeys(cells))
@@ -263,12 +306,12 @@ def validate(
       sampling.validate()
       validate_mode(c.acceptance, sampling)
       if max_positions is not None:
-        check_cache_room(prompt_len(c), cfg.max_new_tokens, widest_k(cfg, c.k), max_positions)
+        check_cache_room(prompt_len(c), cfg.max_new_tokens, written_slots(cfg, c), max_positions)
       if check_cell is not None:
         check_cell(c)
     except ValueError as e:
       raise SweepError(
-        f"cell {c.method} k={c.k} prompt_tokens={c.prompt_tokens}: workload {c.workload!r}: {e}"
+        f"cell {c.method} {c.draft} prompt_tokens={c.prompt_tokens}: workload {c.workload!r}: {e}"
       ) from e
 
 
@@ -393,12 +436,17 @@ class Runner:
     """generate()'s memory plan for a full batch of the cell on the target as loaded (fused at
     load, so no second copy; a quantized target, built later, is smaller but stays resident
     beside it: generate() checks it then), after the drafter's own checks of the cell (at the
-    widest k it runs)."""
+    widest k it runs) and, for a tree cell, generate()'s tree checks (the drafter drafts trees,
+    the target and acceptance mode allow them)."""
     bucket, k = self.bucket(cell), widest_k(self.cfg, cell.k)
-    slots = cache_slots(bucket, self.cfg.max_new_tokens, k)
-    self.drafters[cell.method].validate(self.target.config, k, slots)
+    slots = cache_slots(bucket, self.cfg.max_new_tokens, written_slots(self.cfg, cell))
+    drafter = self.drafters[cell.method]
+    if cell.tree is not None:
+      mode = base_mode(cell.acceptance, Sampling(cell.temperature, cell.top_k, cell.top_p))
+      _tree_plan(self.target, drafter, cell.k, trees_lib.resolve(cell.tree)[1], mode)
+    drafter.validate(self.target.config, k, slots)
     memory.check_fits(
-      self.target, self.drafters[cell.method], k, cell.batch, bucket, slots, kv_dtype(cell),
+      self.target, drafter, k, cell.batch, bucket, slots, kv_dtype(cell),
       self.cfg.memory_fraction,
     )  # fmt: skip
 
@@ -418,6 +466,8 @@ class Runner:
       kw["mesh"] = self.mesh
     if kw["k"] == "auto":
       kw["budget"] = budget_of(self.cfg)
+    if cell.tree is not None and name != "null":
+      kw["tree"] = trees_lib.resolve(cell.tree)[1]
     return self.target_for(cell.target_format), ids, kw
 
   def target_for(self, fmt: str):
@@ -495,6 +545,8 @@ class Runner:
       **metrics.acceptance_summary(*(pooled[name] for name in metrics.COUNTS)),
       **{name: v.tolist() for name, v in pooled.items()},
       "ctx_edges": [None if math.isinf(e) else e for e in metrics.DEFAULT_CTX_EDGES],
+      "tree_paths": g.stats["tree"],
+      "verify_width": g.stats["verify_width"],
       "loop_steps": sum(c["loop_steps"] for c in timed_calls),
       "host_syncs": sum(c["host_syncs"] for c in timed_calls),
       **metrics.timing_summary(timing, discard_first=cell.batch),
@@ -594,4 +646,5 @@ def baseline_key(cell: Cell, leg: int) -> tuple:
 
 
 def cell_of(row: dict) -> tuple:
-  return (*(row[f.name] for f in dataclasses.fields(Cell)), row["leg"])
+  """The (cell, leg) a row measured; a row from before the tree axis is a chain's."""
+  return (*(row.get(f.name) for f in dataclasses.fields(Cell)), row["leg"])

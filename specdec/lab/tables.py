@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 # plus the device (never mix devices).
 AGG_FIELDS = tuple(f for f in CELL_FIELDS if f not in ("seed", "sample_seed")) + ("device",)
 # What a method's cell shares with its baseline cell.
-BASELINE_MATCH = tuple(f for f in AGG_FIELDS if f not in ("method", "k", "acceptance", "drafter"))
+BASELINE_MATCH = tuple(
+  f for f in AGG_FIELDS if f not in ("method", "k", "tree", "acceptance", "drafter")
+)
 DEFAULT_BASELINE = "null"
 LAYOUTS = ("draft_budget", "per_position", "context", "method_workload", "concurrency")
 WITHHELD = "n/a†"
@@ -78,6 +80,7 @@ class Cell:
   speedup_gate: bool = True  # False: cell or baseline failed the gate
   tiers: list = dataclasses.field(default_factory=list)  # k="auto": its tiers, else []
   tier_hist: np.ndarray | None = None  # k="auto": row-steps per tier, pooled over runs
+  verify_width: int | None = None  # tokens each verify feeds (rows' verify_width); None: unknown
 
   @property
   def method(self) -> str:
@@ -91,15 +94,28 @@ class Cell:
   def auto(self) -> bool:
     return self.k == "auto"
 
+  @property
+  def tree(self) -> str | None:
+    """A static tree's label (specdec.lab.trees); None: a chain."""
+    return self.conditions.get("tree")
+
 
 def k_order(c: "Cell") -> tuple:
-  """Sorts cells by k, fixed lengths first and k="auto" after them."""
-  return (1, 0) if c.auto else (0, c.k)
+  """Sorts cells by verify width (k + 1 for a chain), a tree after the chain of its width, and
+  k="auto" after them all."""
+  if c.auto:
+    return (1, 0, "")
+  return (0, c.verify_width or c.k + 1, c.tree or "")
+
+
+def k_label(c: "Cell") -> str:
+  """A cell's entry in a k column: its k, or a tree's label and depth."""
+  return str(c.k) if c.tree is None else f"{c.tree} (tree, depth {c.k})"
 
 
 def fixed_drafted(cells: Iterable["Cell"]) -> list["Cell"]:
-  """The cells of a fixed k >= 1 (the k axis proper: no baseline, no "auto")."""
-  return [c for c in cells if not c.auto and c.k > 0]
+  """The chains of a fixed k >= 1 (the k axis proper: no baseline, no "auto", no tree)."""
+  return [c for c in cells if not c.auto and c.tree is None and c.k > 0]
 
 
 @dataclasses.dataclass
@@ -146,6 +162,7 @@ def aggregate(rows: Iterable[Mapping]) -> list[Cell]:
       uncond=uncond,
       cond=cond,
       requests=_requests(by_run, conditions.get("batch") or 1),
+      verify_width=runs[-1].get("verify_width"),
     )
     if all(r.get("tier_hist") is not None for r in runs) and conditions["k"] == "auto":
       cell.tiers = list(runs[0]["tiers"])
@@ -325,8 +342,10 @@ def _speedup(c: Cell) -> str:
 
 
 def _cond_str(conds: Mapping) -> str:
+  """ "field=value, ..." of the conditions set (None, a chain's tree or a field older rows lack,
+  says nothing)."""
   short = {"temperature": "T", "prompt_tokens": "prompt"}
-  return ", ".join(f"{short.get(k, k)}={v}" for k, v in conds.items())
+  return ", ".join(f"{short.get(k, k)}={v}" for k, v in conds.items() if v is not None)
 
 
 def _split(
@@ -362,14 +381,17 @@ def _caption(constant: Mapping, cells: list[Cell], extra: str = "") -> str:
 
 
 def draft_budget(cells: list[Cell], knee_threshold: float = 0.1) -> Table:
-  """k | tau | acceptance | decode tok/s | speedup, one block per method."""
-  constant, blocks = _split(cells, ["k"], always_block=["method"])
+  """k | tau | acceptance | decode tok/s | speedup, one block per method; with static-tree cells,
+  a verify width column (nodes verified per step), each tree beside the chain of its width."""
+  constant, blocks = _split(cells, ["k", "tree"], always_block=["method"])
+  trees = any(c.tree is not None for c in cells)
   out, notes = [], []
   for title, bc in blocks:
     bc = sorted(bc, key=k_order)
     rows = [
       [
-        str(c.k),
+        k_label(c),
+        *([_fmt(_num(c.verify_width), 0)] if trees else []),
         _value(c, "tau", 2),
         _value(c, "acceptance_rate", 3),
         _rate(c, "decode_tok_s"),
@@ -380,13 +402,22 @@ def draft_budget(cells: list[Cell], knee_threshold: float = 0.1) -> Table:
     out.append((title, rows))
     notes.append(_knee_note(title, bc, knee_threshold))
     notes += [_auto_note(title, c, bc) for c in bc if c.auto]
+  if trees:
+    notes.append(TREE_NOTE)
   return Table(
     "Draft budget",
     _caption(constant, cells, f"tok/s: decode-only rate; {SPREAD_NOTE}"),
-    ["k", "τ", "acceptance", "decode tok/s", "speedup"],
+    ["k", *(["verify width"] if trees else []), "τ", "acceptance", "decode tok/s", "speedup"],
     out,
     [n for n in notes if n],
   )
+
+
+TREE_NOTE = (
+  "verify width: tokens each verify feeds the target, k+1 for a chain, a static tree's nodes with "
+  "its root; a tree's τ counts the tokens its accepted path emits, its acceptance the accepted "
+  "drafts over its depth per step"
+)
 
 
 def _auto_note(title: str, c: Cell, bc: list[Cell]) -> str:
@@ -423,14 +454,14 @@ def per_position(cells: list[Cell]) -> Table:
   """Acceptance per draft position, unconditional and conditional, one block per method."""
   drafted = [c for c in cells if c.k != 0]
   kmax = max((max(len(c.uncond), len(c.cond)) for c in drafted), default=0)
-  constant, blocks = _split(drafted, ["k"], always_block=["method"])
+  constant, blocks = _split(drafted, ["k", "tree"], always_block=["method"])
   out = []
   for title, bc in blocks:
     rows = []
     for c in sorted(bc, key=k_order):
       for kind, curve in (("uncond", c.uncond), ("cond", c.cond)):
         vals = [_fmt(v, 3) for v in curve] + [""] * (kmax - len(curve))
-        rows.append([str(c.k), _value(c, "tau", 2), kind, *vals])
+        rows.append([k_label(c), _value(c, "tau", 2), kind, *vals])
     out.append((title, rows))
   notes = ["uncond: P(first i+1 drafts all accepted), τ = 1 + Σ uncond; cond: P(i | < i accepted)."]
   return Table(
@@ -468,7 +499,7 @@ def context(cells: list[Cell]) -> Table:
 
 
 def _method_label(c: Cell) -> str:
-  return f"{c.method} (k={c.k})"
+  return f"{c.method} (k={c.k})" if c.tree is None else f"{c.method} (tree {c.tree})"
 
 
 def method_workload(cells: list[Cell], baseline: str = DEFAULT_BASELINE) -> Table:
@@ -476,18 +507,18 @@ def method_workload(cells: list[Cell], baseline: str = DEFAULT_BASELINE) -> Tabl
   workload and their mean; conditions that vary besides (temperature, ...) lead each row."""
   drafted = [c for c in cells if c.method != baseline]
   workloads = list(dict.fromkeys(c.conditions["workload"] for c in drafted))
-  axes = ("method", "k", "drafter", "workload")
+  axes = ("method", "k", "tree", "drafter", "workload")
   lead = _varying(drafted, axes, always=())
   constant = {f: drafted[0].conditions[f] for f in AGG_FIELDS if f not in (*axes, *lead)}
   # Rows grouped by the leading conditions in the order the sweep wrote them, methods within.
   groups = list(dict.fromkeys(tuple(c.conditions[f] for f in lead) for c in drafted))
   by_row: dict[tuple, dict[str, Cell]] = {}
   for c in sorted(drafted, key=lambda c: groups.index(tuple(c.conditions[f] for f in lead))):
-    key = (*(c.conditions[f] for f in lead), c.method, c.k, c.conditions["drafter"])
+    key = (*(c.conditions[f] for f in lead), c.method, c.k, c.tree, c.conditions["drafter"])
     by_row.setdefault(key, {})[c.conditions["workload"]] = c
   # A method with several drafters (results of different sweeps) names the drafter too.
   drafters: dict[str, set] = {}
-  for *_, method, _, drafter in by_row:
+  for *_, method, _, _, drafter in by_row:
     drafters.setdefault(method, set()).add(drafter)
   rows = []
   for key, per_w in by_row.items():
@@ -534,7 +565,7 @@ def concurrency(cells: list[Cell], baseline: str = DEFAULT_BASELINE) -> Table:
   attach_speedups with metric="whole_tok_s" first.
   """
   batches = sorted({c.conditions["batch"] for c in cells})
-  constant, blocks = _split(cells, ["method", "k", "batch"])
+  constant, blocks = _split(cells, ["method", "k", "tree", "batch"])
   out = []
   for title, bc in blocks:
     by_method: dict[str, dict[int, Cell]] = {}
@@ -710,8 +741,10 @@ def per_position_series(cells: list[Cell]) -> dict[str, tuple[np.ndarray, np.nda
 def tau_vs_k_series(cells: list[Cell]) -> dict[str, dict[str, list]]:
   """{label: {"k", "tau", "decode_tok_s", "tau_ci", "decode_tok_s_ci"}} per method (and other
   varying conditions), by k; a *_ci entry is (lo, hi), (NaN, NaN) without an interval. k="auto"
-  cells have no place on a k axis and are left out (`chosen_k_series` plots them)."""
-  return _xy_series([c for c in cells if not c.auto], "k", ("tau", "decode_tok_s"))
+  cells have no place on a k axis and are left out (`chosen_k_series` plots them), and so are
+  static-tree cells, whose k is a depth, not the drafts a step verifies."""
+  chains = [c for c in cells if not c.auto and c.tree is None]
+  return _xy_series(chains, "k", ("tau", "decode_tok_s"))
 
 
 def chosen_k_series(rows: Iterable[Mapping]) -> dict[str, dict[str, list]]:

@@ -15,6 +15,8 @@ The kernels (kernels_pallas) know nothing of this choice: each offers its matmul
 Under a context mesh (`jax.set_mesh`) with a "tensor" axis > 1, a quantized matmul runs per device
 over its shard of the weight inside `shard_map` (`by_tensor`), whichever path it takes there: a
 Pallas call is opaque to XLA's partitioner, which would gather the whole weight on every device.
+An EXL3 shard is a weight of its own (its Hadamard rotations are block-diagonal at 128 and a
+shard holds whole blocks), so the same kernel or XLA path runs on it unchanged.
 """
 
 import dataclasses
@@ -89,26 +91,45 @@ def by_tensor(fn, w: QuantizedWeight, split: str | None):
   """`fn(x, w)` run per device over its shard of w when the context mesh has a "tensor" axis > 1
   and `split` says how w is split: "columns" gives each device its output features (no
   reduction, y split by them), "rows" its input features and x's matching slice (the partial
-  outputs summed in f32 by a psum, y replicated). Otherwise fn as is."""
+  outputs summed in f32 by a psum, y replicated; an EXL3 weight's bias added once, after the
+  sum). Otherwise fn as is."""
   mesh = jax.sharding.get_abstract_mesh()
   tensor = 1 if mesh.empty else mesh.shape.get("tensor", 1)
   if tensor == 1 or split is None:
     return fn
-  w_specs = sharding.quantized_specs(w, split, tensor, f"a {split}-split {type(w).__name__}")
 
   def sharded(x, w):
+    bias = getattr(w, "bias", None) if split == "rows" else None
+    if bias is not None:
+      w = dataclasses.replace(w, bias=None)
+    w_specs = sharding.quantized_specs(w, split, tensor, f"a {split}-split {type(w).__name__}")
     by_last = P(*(None,) * (x.ndim - 1), "tensor")
+    local = lambda x, w: fn(x, _shard(w, split, tensor))  # noqa: E731
     if split == "columns":
-      body, x_spec, y_spec = fn, P(), by_last
+      body, x_spec, y_spec = local, P(), by_last
     else:
-      body = lambda x, w: jax.lax.psum(fn(x, w).astype(jnp.float32), "tensor")  # noqa: E731
+      body = lambda x, w: jax.lax.psum(local(x, w).astype(jnp.float32), "tensor")  # noqa: E731
       x_spec, y_spec = by_last, P()
     run = jax.shard_map(
       body, mesh=mesh, in_specs=(x_spec, w_specs), out_specs=y_spec, check_vma=False
     )
-    return run(x, w).astype(x.dtype)
+    y = run(x, w)
+    if bias is not None:
+      y = y + bias[: w.out_features].astype(jnp.float32)
+    return y.astype(x.dtype)
 
   return sharded
+
+
+def _shard(w: QuantizedWeight, split: str, tensor: int) -> QuantizedWeight:
+  """The weight one device holds inside `shard_map`: an EXL3 weight's static feature counts are
+  the whole weight's there, so its split one is divided (exact: `sharding.check_exl3_split`);
+  NVFP4 and FP8 read their shapes from their arrays."""
+  if not isinstance(w, EXL3Weight):
+    return w
+  if split == "columns":
+    return dataclasses.replace(w, out_features=w.out_features // tensor)
+  return dataclasses.replace(w, in_features=w.in_features // tensor)
 
 
 def uses_kernel(x: jax.Array, w: QuantizedWeight) -> bool:

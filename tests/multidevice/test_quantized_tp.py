@@ -1,32 +1,71 @@
 """Quantized matmuls under a tensor axis on the fake 4-device CPU mesh: each device runs the
 dispatch (XLA's path here, the kernel where it applies) over its own shard inside `shard_map`,
-column splits with no reduction and row splits with a psum, so sharded NVFP4 / FP8 targets give
-the single-device logits and greedy output, TP = 2 and 4."""
+column splits with no reduction and row splits with a psum, so sharded NVFP4 / FP8 / EXL3 targets
+give the single-device logits and greedy output, TP = 2 and 4."""
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 import specdec
 from specdec import sharding
 from specdec.drafters import ngram
 from specdec.ops import qmatmul
-from specdec.quant import fp8, nvfp4
+from specdec.quant import exl3, fp8, nvfp4
 from specdec.quant.apply import quantize_model
+from specdec.quant.exl3.hadamard import HAD_DIM
+from specdec.quant.exl3.layout import pad_to
 from tests.helpers import tiny_model
 
 PROMPTS = [[5, 9, 13, 2, 7, 7, 31], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]]
 # float32 logits: a row split sums its partial outputs across devices in f32, in another order
 # than one device's dot.
 TOL = 1e-5
-QUANTIZE = {"nvfp4": nvfp4.quantize, "fp8": fp8.quantize}
+FORMATS = ("nvfp4", "fp8", "exl3")
+# The field that holds a weight's codes, and its spec when the weight splits by input features.
+ROW_SPLIT_CODES = {
+  "nvfp4": ("packed_NP", (None, "tensor")),
+  "fp8": ("codes_NK", (None, "tensor")),
+  "exl3": ("trellis", ("tensor", None, None)),
+}
 
 
-@pytest.fixture(scope="module")
-def model():
+def _weight(fmt: str, k: int, n: int, seed: int = 0):
+  """A quantized (k, n) weight: NVFP4 / FP8 of a random matrix, EXL3 of random codes with a bias
+  (the bias a row split must add once)."""
+  key = jax.random.key(seed)
+  if fmt == "exl3":
+    return exl3.random_weight(key, k, n, 4, bias=True)
+  quantize = {"nvfp4": nvfp4.quantize, "fp8": fp8.quantize}[fmt]
+  return quantize(jax.random.normal(key, (k, n), jnp.float32))
+
+
+def _random_exl3(model, bits: int = 4):
+  """`model` with EXL3 kernels of random codes where quantize_model puts EXL3 ones: quantizing
+  even these small matrices (the Viterbi search) takes minutes on a CPU."""
+  flat = flatten_dict(model.params["params"])
+  for i, (path, w) in enumerate(sorted(flat.items())):
+    if path[-1] == "kernel" and path[0] != "lm_head":
+      k, n = w.shape
+      r = exl3.random_weight(jax.random.key(i), pad_to(k, HAD_DIM), pad_to(n, HAD_DIM), bits)
+      flat[path] = dataclasses.replace(r, in_features=k, out_features=n)
+  return dataclasses.replace(model, params={"params": unflatten_dict(flat)})
+
+
+@functools.cache
+def _target(fmt: str):
+  if fmt == "exl3":
+    # Every split dimension 512: whole 128-point Hadamard blocks over 2 and 4 devices.
+    dims = dict(head_dim=128, intermediate_size=512, hidden_size=64)
+    return _random_exl3(tiny_model(num_attention_heads=4, num_key_value_heads=4, **dims))
   # MLP width 128: down_proj's K splits into whole 16-wide NVFP4 groups over 2 and 4 devices.
-  return tiny_model(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128)
+  model = tiny_model(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128)
+  return quantize_model(model, fmt)
 
 
 def _placed(w, split, mesh):
@@ -34,11 +73,12 @@ def _placed(w, split, mesh):
   return jax.device_put(w, sharding.shardings_of(specs, mesh))
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("split", ["columns", "rows"])
 def test_a_split_quantized_matmul_runs_per_device_and_sums_only_row_splits(fmt, split):
-  w = QUANTIZE[fmt](jax.random.normal(jax.random.key(0), (128, 64), jnp.float32))
-  x = jax.random.normal(jax.random.key(1), (2, 3, 128), jnp.float32)
+  # 512 x 512: EXL3 shards of whole 128-blocks on either side over 4 devices.
+  w = _weight(fmt, 512, 512)
+  x = jax.random.normal(jax.random.key(1), (2, 3, 512), jnp.float32)
   mesh = sharding.make_mesh(tensor=4)
   f = jax.jit(lambda x, w: qmatmul.matmul(x, w, split=split))
   with jax.set_mesh(mesh):
@@ -46,42 +86,49 @@ def test_a_split_quantized_matmul_runs_per_device_and_sums_only_row_splits(fmt, 
     y = f(x, placed)
     text = str(jax.make_jaxpr(f)(x, placed))
   assert "shard_map" in text and ("psum" in text) == (split == "rows")
-  assert y.shape == (2, 3, 64)
-  np.testing.assert_allclose(y, qmatmul.xla_matmul(x, w), atol=TOL * 10, rtol=TOL)
+  assert y.shape == (2, 3, 512)
+  want = qmatmul.xla_matmul(x, w)
+  np.testing.assert_allclose(y, want, atol=TOL * np.abs(want).max(), rtol=TOL)
   assert qmatmul.by_tensor(f, w, split) is f  # no context mesh: the matmul as is
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "exl3"])
 @pytest.mark.parametrize("split", ["columns", "rows"])
-def test_the_kernel_path_gets_its_device_shard_inside_shard_map(monkeypatch, split):
+def test_the_kernel_path_gets_its_device_shard_inside_shard_map(monkeypatch, fmt, split):
   # The kernel's jnp reference stands in for the Pallas call, which the CPU cannot run; it
-  # records the shard each device passes it.
-  from kernels_pallas import nvfp4_gemv
+  # records the shard each device passes it (an EXL3 one with its bias only in a column split).
+  from kernels_pallas import exl3_gemv, nvfp4_gemv
 
+  gemv, weight_type = {
+    "nvfp4": (nvfp4_gemv, nvfp4.NVFP4Weight),
+    "exl3": (exl3_gemv, exl3.EXL3Weight),
+  }[fmt]
   seen = []
 
   def stand_in(x_MK, w):
     seen.append((x_MK.shape, w.shape))
-    return nvfp4_gemv.reference(x_MK, w)
+    return gemv.reference(x_MK, w)
 
-  monkeypatch.setitem(
-    qmatmul.KERNELS, nvfp4.NVFP4Weight, qmatmul.Kernel(stand_in, nvfp4_gemv.check_shape)
-  )
-  w = nvfp4.random_weight(jax.random.key(0), 256, 64)
+  monkeypatch.setitem(qmatmul.KERNELS, weight_type, qmatmul.Kernel(stand_in, gemv.check_shape))
+  key = jax.random.key(0)
+  w = nvfp4.random_weight(key, 256, 256) if fmt == "nvfp4" else _weight(fmt, 256, 256)
   x = jax.random.normal(jax.random.key(1), (4, 256), jnp.bfloat16)
   mesh = sharding.make_mesh(tensor=2)
   with jax.set_mesh(mesh):
     y = jax.jit(lambda x, w: qmatmul.matmul(x, w, implementation="mosaic", split=split))(
       x, _placed(w, split, mesh)
     )
-  assert seen == [((4, 256), (256, 32))] if split == "columns" else [((4, 128), (128, 64))]
-  want = nvfp4_gemv.reference(x, w).astype(jnp.float32)
+  assert seen == [((4, 256), (256, 128))] if split == "columns" else [((4, 128), (128, 256))]
+  want = gemv.reference(x, w).astype(jnp.float32)
   np.testing.assert_allclose(y.astype(jnp.float32), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "exl3"])
 @pytest.mark.parametrize("split", ["columns", "rows"])
-def test_the_split_nvfp4_kernel_lowers_for_cuda_inside_shard_map(split):
+def test_the_split_kernel_lowers_for_cuda_inside_shard_map(fmt, split):
   # The Mosaic GPU lowering runs on a CPU: the kernel, not XLA's dot, inside the per-device map.
-  w = nvfp4.random_weight(jax.random.key(0), 1024, 512)
+  key = jax.random.key(0)
+  w = nvfp4.random_weight(key, 1024, 512) if fmt == "nvfp4" else _weight(fmt, 1024, 512)
   x = jnp.ones((4, 1024), jnp.bfloat16)
   mesh = sharding.make_mesh(tensor=2)
   f = jax.jit(lambda x, w: qmatmul.matmul(x, w, implementation="mosaic", split=split))
@@ -91,29 +138,46 @@ def test_the_split_nvfp4_kernel_lowers_for_cuda_inside_shard_map(split):
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-def test_sharded_quantized_targets_match_the_single_device_target(model, fmt, tp):
-  q = quantize_model(model, fmt)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sharded_quantized_targets_match_the_single_device_target(fmt, tp):
+  q = _target(fmt)
   mesh = sharding.make_mesh(tensor=tp)
   sharded = sharding.on_mesh(q, mesh)
   down = sharded.params["params"]["layer_0"]["mlp"]["down_proj"]["kernel"]
-  codes = down.packed_NP if fmt == "nvfp4" else down.codes_NK
-  assert tuple(codes.sharding.spec) == (None, "tensor")  # row split: by input features
+  field, spec = ROW_SPLIT_CODES[fmt]
+  assert tuple(getattr(down, field).sharding.spec) == spec  # row split: by input features
   tokens = np.array([p[:7] for p in PROMPTS], np.int32)
   with jax.set_mesh(mesh):
     got = sharded.logits(tokens)
     assert "shard_map" in str(jax.make_jaxpr(sharded.logits)(tokens))
-  np.testing.assert_allclose(got, q.logits(tokens), atol=TOL, rtol=TOL)
+  want = q.logits(tokens)
+  np.testing.assert_allclose(got, want, atol=TOL * np.abs(want).max(), rtol=TOL)
   kw = dict(max_new_tokens=10, drafter=ngram(), k=3)
   want = specdec.generate(q, PROMPTS, **kw).tokens
   assert specdec.generate(q, PROMPTS, mesh=mesh, **kw).tokens == want
 
 
-def test_a_degree_that_cuts_nvfp4_groups_names_the_tensor_and_the_degree(model):
+def test_a_degree_that_cuts_nvfp4_groups_names_the_tensor_and_the_degree():
   # down_proj's K = 128 over 4 devices is 32 wide (whole groups); 96 over 4 is 24 wide.
   q = quantize_model(tiny_model(num_attention_heads=4, num_key_value_heads=4), "nvfp4")
   cut = r"params/layer_0/mlp/down_proj/kernel: K=96 over tensor=4 gives 24-wide shards"
   with pytest.raises(sharding.ShardingError, match=cut):
     sharding.param_specs(q.params, q.config, 4)
-  with pytest.raises(sharding.ShardingError, match="EXL3Weight weights cannot be split"):
-    sharding.on_mesh(quantize_model(model, "exl3_4"), sharding.make_mesh(tensor=2))
+
+
+def test_an_exl3_split_that_cuts_a_hadamard_block_names_the_tensor_its_shape_and_the_degree():
+  # Attention 4 x 128 wide splits into whole 128-blocks over 2 devices; down_proj's input 384
+  # gives 192-wide shards (a row split), and q_proj's output 64 of the small model 32-wide ones.
+  dims = dict(head_dim=128, intermediate_size=384, hidden_size=64)
+  q = _random_exl3(tiny_model(num_attention_heads=4, num_key_value_heads=4, **dims))
+  rows = (
+    r"params/layer_0/mlp/down_proj/kernel: EXL3 weight \(in, out\) = \(384, 64\), rows split "
+    r"over tensor=2: in_features=384 gives 192-wide shards; each must be a multiple of EXL3's "
+    r"128-point Hadamard block \(in_features a multiple of 256\)"
+  )
+  with pytest.raises(sharding.ShardingError, match=rows):
+    sharding.param_specs(q.params, q.config, 2)
+  small = _random_exl3(tiny_model(num_attention_heads=4, num_key_value_heads=4))
+  columns = r"params/layer_0/attn/k_proj/kernel: EXL3 weight \(in, out\) = \(48, 64\), columns"
+  with pytest.raises(sharding.ShardingError, match=columns):
+    specdec.generate(small, PROMPTS, max_new_tokens=2, mesh=sharding.make_mesh(tensor=2))
