@@ -38,15 +38,6 @@ _REPS = flags.DEFINE_integer("reps", 5, "repetitions per timing (median)")
 ARMS = ("chain", "chain_xla", "tree")
 
 
-def binary_paths(n: int) -> list[tuple[int, ...]]:
-  """The first n - 1 nodes of the breadth-first binary tree: (0,), (1,), (0, 0), (0, 1), ..."""
-  paths, frontier = [], [()]
-  while len(paths) < n - 1:
-    frontier = [p + (r,) for p in frontier for r in (0, 1)]
-    paths += frontier[: n - 1 - len(paths)]
-  return paths
-
-
 @contextlib.contextmanager
 def attention(path: str):
   """SPECDEC_ATTENTION for the calls inside (read when a forward is traced)."""
@@ -81,7 +72,7 @@ def verify_loop(params, cache, tokens_BT, root_B, module, n, arm, tree):
 
 def time_arm(model, cache, ctx: int, width: int, arm: str, n: int, reps: int) -> float:
   """Seconds per forward of `width` positions in `arm` at context ctx."""
-  tree = tree_lib.tree(binary_paths(width)) if arm == "tree" and width > 1 else None
+  tree = tree_lib.tree(tree_lib.binary_paths(width)) if arm == "tree" and width > 1 else None
   arm = arm if tree is not None else "chain"
   tokens_BT = (jnp.arange(width, dtype=jnp.int32)[None] * 7919 + ctx) % model.config.vocab_size
   root_B = jnp.full((1,), ctx - 1, jnp.int32)
@@ -117,7 +108,7 @@ def main(argv):
         **{f"{arm}_us": 1e6 * t[arm] for arm in ARMS},
         **{f"{arm}_vs_width1": t[arm] / base for arm in ARMS},
         tree_vs_chain=t["tree"] / t["chain"], tree_vs_chain_xla=t["tree"] / t["chain_xla"],
-        tree_depth=tree_lib.tree(binary_paths(w)).depth if w > 1 else 0,
+        tree_depth=tree_lib.tree(tree_lib.binary_paths(w)).depth if w > 1 else 0,
       )  # fmt: skip
     result["contexts"].append(dict(context=ctx, width1_us=1e6 * base, widths=rows))
   os.makedirs(_OUT.value, exist_ok=True)

@@ -141,3 +141,49 @@ def test_specdec_keeps_only_a_handful_of_loose_modules():
   assert loose == [
     "__init__.py", "metrics.py", "model.py", "progress.py", "sharding.py", "xla_env.py"
   ]  # fmt: skip
+
+
+def _flag_mains() -> set[str]:
+  """experiments modules that define absl flags at import (a main owns its flags)."""
+  out = set()
+  for name, path in _modules().items():
+    tree = ast.parse(path.read_text(), str(path))
+    calls = [n.value for n in tree.body if isinstance(n, ast.Assign | ast.Expr)]
+    if any(
+      isinstance(c, ast.Call)
+      and isinstance(c.func, ast.Attribute)
+      and c.func.attr.startswith("DEFINE")
+      for c in calls
+    ):
+      out.add(name)
+  return out
+
+
+def _loaded_by(sources, graph, modules) -> set[str]:
+  """Project modules the given files import, directly or through the modules they load."""
+  todo = {
+    t
+    for p in sources
+    for node in ast.walk(ast.parse(p.read_text()))
+    for t in _targets(node, modules)
+  }
+  seen = set()
+  while todo:
+    m = todo.pop()
+    if m not in seen:
+      seen.add(m)
+      todo |= graph.get(m, set())
+  return seen
+
+
+def test_tests_load_at_most_one_main_with_flags_in_process():
+  # A pytest worker imports every test file, so two mains defining the same flag (--out) in it
+  # raise DuplicateFlagError; run the others as processes (python -m experiments.X).
+  graph, modules = import_graph(), _modules()
+  loaded = _loaded_by(sorted((ROOT / "tests").rglob("*.py")), graph, modules) & _flag_mains()
+  assert len(loaded) <= 1, sorted(loaded)
+
+
+def test_the_flag_check_sees_mains():
+  assert {"experiments.sweep", "experiments.export_quant_zoo"} <= _flag_mains()
+  assert not {"experiments", "configs.trees"} & _flag_mains()

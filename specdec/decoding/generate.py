@@ -65,7 +65,7 @@ def _tree_plan(model, drafter, k, tree, mode):
   """The parsed tree and the k it implies (its depth), refused where a step cannot verify it."""
   t = parse_tree(tree)
   if drafter is None:
-    raise ValueError("tree= needs a drafter that drafts trees (ngram or draft_lm)")
+    raise ValueError("tree= needs a drafter that drafts trees (ngram, draft_lm, mtp or eagle3)")
   if k is not None and k != t.depth:
     raise ValueError(f"k={k} disagrees with the tree's depth {t.depth}; leave k out with a tree")
   if isinstance(model.config, HybridConfig):

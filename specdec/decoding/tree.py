@@ -111,3 +111,13 @@ def tree(paths, max_nodes: int = MAX_NODES) -> Tree:
   if len(seen) > max_nodes:
     raise ValueError(f"tree: {len(seen)} nodes exceed the verify width limit of {max_nodes}")
   return Tree(tuple(sorted(seen, key=lambda p: (len(p), p))))
+
+
+def binary_paths(n: int) -> list[tuple[int, ...]]:
+  """PATHS of the first n nodes (root included) of the breadth-first binary tree: (0,), (1,),
+  (0, 0), (0, 1), ... The tree of N nodes that a verify of width N compares against a chain."""
+  paths, frontier = [], [()]
+  while len(paths) < n - 1:
+    frontier = [p + (r,) for p in frontier for r in (0, 1)]
+    paths += frontier[: n - 1 - len(paths)]
+  return paths

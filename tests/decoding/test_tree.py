@@ -11,7 +11,7 @@ from specdec.decoding import generate as generate_lib
 from specdec.decoding.accept import accept_tree
 from specdec.decoding.generate import cache_slots
 from specdec.decoding.step import StepConfig, prefill, step
-from specdec.decoding.tree import Tree, tree
+from specdec.decoding.tree import Tree, binary_paths, tree
 from specdec.drafters import draft_lm, ngram, suffix
 from specdec.drafters.base import Context
 from specdec.models.transformer import KVCache
@@ -305,3 +305,10 @@ def test_negative_control_keeping_a_rejected_childs_mass_fails(small_vocab, monk
   s = Sampling(1.0, 0, 1.0)
   counts = _tree_joint(target, draft_lm(draft), s)
   assert gates._gate(counts, gates._exact_joint(target, s)) < 1e-4
+
+
+@pytest.mark.parametrize("n, depth", [(2, 1), (3, 1), (4, 2), (7, 2), (8, 3), (64, 6)])
+def test_binary_paths_make_an_n_node_tree(n, depth):
+  t = tree(binary_paths(n))
+  assert (t.size, t.depth) == (n, depth)
+  assert max(max(p) for p in t.paths) <= 1  # at most two children a node
