@@ -243,8 +243,8 @@ def generate(
   tree: a static draft tree to verify each step instead of a chain, as PATHS of child ranks
   (vLLM's `speculative_token_tree`, e.g. [(0,), (1,), (0, 0)]; specdec.decoding.tree); k is its
   depth (leave k out or give the same). Acceptance greedy or onehot (multi-draft recursive
-  rejection sampling, docs/design.md "Trees"); the drafter must draft trees (ngram, draft_lm);
-  dense targets only.
+  rejection sampling, docs/design.md "Trees"); the drafter must draft trees (ngram, draft_lm,
+  mtp, eagle3); dense targets only.
   k="auto" chooses among the tiers of `budget` (default `budget.Budget()`: k in 1, 2, 4, 8) on the
   device before every step, by expected tokens per second (docs/design.md, "Adaptive budget").
   step_costs: the seconds a step takes at each tier; None measures them on this device (once per
