@@ -18,15 +18,29 @@ def finished(path: str) -> bool:
   return os.path.exists(os.path.join(path, "training.json"))
 
 
-def build(configs: dict, corpus_dir: str, out: str, ckpt_dir: str, retrain: bool = False):
-  """Trains every model of MODELS (configs[name]: its training config) that `out` does not hold
+def build(
+  configs: dict,
+  corpus_dir: str,
+  out: str,
+  ckpt_dir: str,
+  retrain: bool = False,
+  models: tuple[str, ...] = MODELS,
+):
+  """Trains every model of `models` (configs[name]: its training config) that `out` does not hold
   finished (all of them with `retrain`); configs["selfdistill"] (a DistillConfig's fields) sets
-  the drafters' data. Returns the names trained, in order."""
+  the drafters' data, and "selfdistill" in `models` builds that data alone. Separate processes
+  can so train the drafters side by side once the target and the data exist. Returns the names
+  trained, in order."""
+  unknown = sorted(set(models) - {*MODELS, "selfdistill"})
+  if unknown:
+    raise ValueError(f"zoo models {unknown}: not among {(*MODELS, 'selfdistill')}")
   target = os.path.join(out, "target")
+  if "target" not in models and not finished(target):
+    raise ValueError(f"{target}: the target is not finished; build it first (models=target)")
   trained, stream = [], None
-  for name in MODELS:
+  for name in (*MODELS, "selfdistill"):
     path, ckpt = os.path.join(out, name), os.path.join(ckpt_dir, name)
-    if finished(path) and not retrain:
+    if name not in models or (finished(path) and not retrain):
       continue
     cfg = configs[name]
     if name == "target":
@@ -37,6 +51,8 @@ def build(configs: dict, corpus_dir: str, out: str, ckpt_dir: str, retrain: bool
       sd = selfdistill.DistillConfig(**dict(configs["selfdistill"]))
       corpus = os.path.join(corpus_dir, "train.npy")
       stream = selfdistill.build(target, corpus, os.path.join(ckpt_dir, "selfdistill"), sd)
+    if name == "selfdistill":
+      continue
     cfg.train_file = os.path.abspath(stream)
     if name == "draft_lm":
       cfg.teacher = target

@@ -4,6 +4,7 @@ import json
 import os
 
 import ml_collections
+import pytest
 
 from specdec.training import zoo
 
@@ -55,3 +56,23 @@ def test_build_trains_in_order_and_resumes_after_finished_models(tmp_path, monke
   os.remove(f"{out}/eagle3/training.json")
   assert zoo.build(configs(), "corpus", out, "ckpt") == ["eagle3"]
   assert zoo.build(configs(), "corpus", out, "ckpt", retrain=True) == list(zoo.MODELS)
+
+
+def test_build_picks_models_and_refuses_unknown_ones_or_a_missing_target(tmp_path, monkeypatch):
+  calls, distilled = [], []
+  monkeypatch.setattr(zoo.lm, "train", _fake_train(calls))
+  monkeypatch.setattr(zoo.drafter, "train", _fake_train(calls))
+  monkeypatch.setattr(
+    zoo.selfdistill, "build", lambda t, c, o, cfg: distilled.append(o) or f"{o}/distill.npy"
+  )
+  out = str(tmp_path / "zoo")
+  configs = {name: ml_collections.ConfigDict() for name in (*zoo.MODELS, "selfdistill")}
+  with pytest.raises(ValueError, match=r"zoo models \['eagle4'\]"):
+    zoo.build(configs, "corpus", out, "ckpt", models=("eagle4",))
+  with pytest.raises(ValueError, match="target is not finished"):
+    zoo.build(configs, "corpus", out, "ckpt", models=("eagle3",))
+  assert calls == [] and distilled == []
+  assert zoo.build(configs, "corpus", out, "ckpt", models=("target", "selfdistill")) == ["target"]
+  assert len(distilled) == 1  # the data alone
+  assert zoo.build(configs, "corpus", out, "ckpt", models=("eagle3",)) == ["eagle3"]
+  assert [name for name, _ in calls] == ["target", "eagle3"]
