@@ -327,35 +327,22 @@ def chat_template_of(path: str) -> str:
   return template
 
 
-def method_kind(method: str) -> str:
-  """Checkpointed methods are named by kind plus a suffix: block8, block16, draft_lm, mtp, ..."""
-  for kind in ("block", "draft_lm", "mtp", "eagle3"):
-    if method.startswith(kind):
-      return kind
-  return method
-
-
 def load_drafter(method: str, spec: str, target, dtype):
-  """The drafter of a checkpointed method, its checkpoint checked against the target."""
+  """The drafter of a checkpointed method, its checkpoint checked against the target: a draft LM
+  for a method named draft_lm*, else whichever published drafter layout the directory holds (told
+  apart by its keys: specdec.drafters.checkpoints.detect), so any method name can hold any layout."""
   from specdec.checkpoint.safetensors_io import CheckpointError
-  from specdec.drafters import load_block, load_eagle3, load_mtp
+  from specdec.drafters import checkpoints
 
   path = resolve_path(spec)
   if not os.path.isdir(path):
     raise SweepError(f"config.checkpoints.{method}: {spec!r} is not a checkpoint directory")
-  kind = method_kind(method)
   try:
-    if kind == "draft_lm":
+    if method.startswith("draft_lm"):
       return draft_lm(specdec.load(path, dtype=dtype))
-    if kind == "block":
-      return load_block(path, target)
-    if kind == "mtp":
-      return load_mtp(path, target)
-    if kind == "eagle3":
-      return load_eagle3(path, target)
+    return checkpoints.load_drafter(path, target)
   except (CheckpointError, ValueError) as e:
     raise SweepError(f"config.checkpoints.{method}: {e}") from e
-  raise SweepError(f"config.checkpoints.{method}: no loader for method kind {kind!r}")
 
 
 def output_sha(tokens: list[list[int]]) -> str:

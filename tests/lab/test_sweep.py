@@ -239,3 +239,19 @@ def test_bad_input_is_one_line_before_anything_loads_and_leaves_no_directory(tmp
     assert len(lines) == 1 and fragment in lines[0], p.stderr
     assert "Traceback" not in p.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+  "method, case, kind",
+  [("dspark", "spec_dspark_rnn", "Block"), ("dflash2", "spec_dflash2", "Block"),
+   ("eagle3_q", "spec_eagle3_qwen3", "Eagle3"), ("mtp2", "spec_mtp", "MTP")],
+)  # fmt: skip
+def test_a_method_of_any_name_loads_the_layout_its_checkpoint_holds(method, case, kind):
+  from specdec.lab.sweep import load_drafter
+  from tests.checkpoint.test_published_drafters import HERE, target_for
+
+  layers = 3 if kind == "Eagle3" else 2
+  d = load_drafter(method, os.path.join(HERE, case), target_for(case, layers), "float32")
+  assert type(d).__name__ == kind
+  with pytest.raises(SweepError, match=f"config.checkpoints.{method}: .*not a checkpoint dir"):
+    load_drafter(method, os.path.join(HERE, "missing"), None, "float32")
