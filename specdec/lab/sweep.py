@@ -330,7 +330,7 @@ def chat_template_of(path: str) -> str:
 def load_drafter(method: str, spec: str, target, dtype):
   """The drafter of a checkpointed method, its checkpoint checked against the target: a draft LM
   for a method named draft_lm*, else whichever published drafter layout the directory holds (told
-  apart by its keys: specdec.drafters.checkpoints.detect), so any method name can hold any layout."""
+  apart by its keys: specdec.drafters.checkpoints.detect), any method name."""
   from specdec.checkpoint.safetensors_io import CheckpointError
   from specdec.drafters import checkpoints
 
