@@ -79,10 +79,16 @@ def stack_experts(
     want = set(range(config.num_experts))
     if set(by_expert) != want:
       extra, missing = sorted(set(by_expert) - want), sorted(want - set(by_expert))
+      first_missing = (
+        f"; missing tensor '{prefix}layers.{layer}.mlp.experts.{missing[0]}.{proj}_proj.weight'"
+        if missing
+        else ""
+      )
       raise CheckpointError(
         f"{files[first]}: layer {layer} {proj}_proj has experts "
         f"{min(by_expert)}..{max(by_expert)} ({len(by_expert)} of them) but config.json says "
         f"num_experts={config.num_experts} (missing {missing[:4]}, unexpected {extra[:4]})"
+        + first_missing
       )
     shapes = {arrays[by_expert[j]].shape for j in want}
     if len(shapes) != 1:
@@ -95,11 +101,14 @@ def stack_experts(
   return arrays, files
 
 
-def fuse_split_gdn(arrays: dict, files: dict, config: HybridConfig) -> tuple[dict, dict]:
+def fuse_split_gdn(
+  arrays: dict, files: dict, config: HybridConfig, prefix: str = "model."
+) -> tuple[dict, dict]:
   """(arrays, files) with Qwen3.5's in_proj_{qkv, z, b, a} of each linear layer replaced by the
   Qwen3-Next in_proj_qkvz / in_proj_ba they regroup into: per key head i, [q_i, k_i, v and z of
   its r value heads] and [b, a of those heads]. Qwen3.5's conv runs over [q, k, v] as Qwen3-Next's
-  does, so conv1d is unchanged. Each missing or mis-shaped piece is named."""
+  does, so conv1d is unchanged. Each missing or mis-shaped piece is named. prefix: what precedes
+  `layers.{i}.` in the names (`model.language_model.` in the vision-language wrapper)."""
   if config.model_type not in QWEN3_5:
     return arrays, files
   Q, Y = config.linear_num_key_heads, config.linear_num_value_heads
@@ -108,10 +117,10 @@ def fuse_split_gdn(arrays: dict, files: dict, config: HybridConfig) -> tuple[dic
   want = dict(zip(_SPLIT_GDN, ((2 * Q * H + Y * U, D), (Y * U, D), (Y, D), (Y, D)), strict=True))
   arrays, files = dict(arrays), dict(files)
   for layer in config.linear_layers:
-    prefix = f"model.layers.{layer}.linear_attn."
+    module = f"{prefix}layers.{layer}.linear_attn."
     parts = {}
     for piece, shape in want.items():
-      name = prefix + piece + ".weight"
+      name = module + piece + ".weight"
       if name not in arrays:
         raise CheckpointError(f"missing tensor {name!r} (a {config.model_type} linear layer)")
       if arrays[name].shape != shape:
@@ -131,5 +140,5 @@ def fuse_split_gdn(arrays: dict, files: dict, config: HybridConfig) -> tuple[dic
       [parts["in_proj_b"].reshape(Q, r, D), parts["in_proj_a"].reshape(Q, r, D)], 1
     ).reshape(-1, D)
     for piece, array in (("in_proj_qkvz", qkvz), ("in_proj_ba", ba)):
-      arrays[prefix + piece + ".weight"], files[prefix + piece + ".weight"] = array, file
+      arrays[module + piece + ".weight"], files[module + piece + ".weight"] = array, file
   return arrays, files

@@ -4,6 +4,11 @@ Every tensor is read and checked (known name, shape, dtype) and the tokenizer is
 the embedding before anything is returned; the first problem raises one `CheckpointError` naming
 the file and the tensor.
 
+A vision-language wrapper (Qwen3.5 as published: `config.VL_WRAPPERS`) loads as its language
+model alone: the config from `text_config`, the tensors from under `model.language_model.`; the
+vision tower (`model.visual.*`) is not read, and `mtp.*` is left to `load_drafter` as in a text
+checkpoint.
+
 A checkpoint that declares an FP8 KV cache loads with its per-layer k/v scales in the attention
 params and `kv_dtype` float8_e4m3fn; scales it does not ship are 1.0, with a warning naming them.
 """
@@ -26,7 +31,14 @@ from specdec.checkpoint.safetensors_io import (
   write_tensors,
 )
 from specdec.models import fuse, stack
-from specdec.models.config import ConfigError, HybridConfig, ModelConfig, load_config, to_hf_dict
+from specdec.models.config import (
+  VL_WRAPPERS,
+  ConfigError,
+  HybridConfig,
+  ModelConfig,
+  load_config,
+  to_hf_dict,
+)
 from specdec.ops.kv_cache import FP8, KV_SCALES
 from specdec.quant import layouts, nvfp4
 from specdec.quant.errors import QuantFormatError
@@ -118,11 +130,22 @@ def quant_scheme(path: str, raw_config: dict) -> "layouts.QuantScheme | None":
   return layouts.parse_quant_config(raw_config, hf)
 
 
+def tensor_prefix(raw_config: dict) -> str:
+  """Where a checkpoint keeps the language model's tensors (`names.text_name`)."""
+  if raw_config.get("model_type") in VL_WRAPPERS:
+    return names.WRAPPER_PREFIX
+  return names.TEXT_PREFIX
+
+
 def read_params(
-  path: str, config: ModelConfig, dtype, reader=None, scheme=None
+  path: str, config: ModelConfig, dtype, reader=None, scheme=None, prefix=names.TEXT_PREFIX
 ) -> tuple[dict, list[str]]:
-  """(params, the FP8 KV scale tensors the checkpoint declares but lacks: they read as 1.0)."""
+  """(params, the FP8 KV scale tensors the checkpoint declares but lacks: they read as 1.0).
+  prefix: where the language model's tensors sit (`tensor_prefix`); a wrapper's vision tower is
+  not read."""
   files = checkpoint_files(path)
+  if prefix != names.TEXT_PREFIX:
+    files = {n: f for n, f in files.items() if not n.startswith(names.VISION_PREFIX)}
   want = expected_shapes(config)
   arrays: dict[str, np.ndarray] = {}
   by_file: dict[str, list[str]] = {}
@@ -132,8 +155,8 @@ def read_params(
     arrays.update(read_tensors(file, tensor_names))
   hybrid = isinstance(config, HybridConfig)
   if hybrid:
-    arrays, files = hybrid_names.stack_experts(arrays, files, config)
-    arrays, files = hybrid_names.fuse_split_gdn(arrays, files, config)
+    arrays, files = hybrid_names.stack_experts(arrays, files, config, prefix)
+    arrays, files = hybrid_names.fuse_split_gdn(arrays, files, config, prefix)
   found: dict = {}
   consumed: set[str] = set()
   if reader is not None:
@@ -142,14 +165,20 @@ def read_params(
   found.update(kv_found)
   consumed |= kv_read
   for name, array in arrays.items():
-    if name in consumed or names.is_ignored(name):
+    text = names.text_name(name, prefix)
+    if name in consumed or (text is not None and names.is_ignored(text)):
       continue
     if name.endswith(layouts.KV_SCALE_SUFFIXES):
       raise CheckpointError(f"{files[name]}: KV cache scale {name!r} {_kv_misfit(config, scheme)}")
     if reader is not None and name.endswith(ACTIVATION_SCALES):
       continue  # weight-only execution (W4A16 / W8A16) reads no activation scales
     file = files[name]
-    mapped = (hybrid_names.to_path if hybrid else names.to_path)(name)
+    if text is None:
+      raise CheckpointError(
+        f"{file}: unexpected tensor {name!r}: this vision-language wrapper keeps the language "
+        f"model's tensors under {prefix!r}"
+      )
+    mapped = (hybrid_names.to_path if hybrid else names.to_path)(text)
     if mapped is None or (mapped[0] not in want and not _tied_head(mapped[0], config)):
       raise CheckpointError(
         f"{file}: unexpected tensor {name!r} for this {config.model_type} config"
@@ -174,8 +203,10 @@ def read_params(
   missing = sorted(set(want) - set(found))
   if missing:
     try:
-      hf = names.to_hf_name(missing[0])[0]
-    except KeyError:  # a hybrid-only params path: name it as it is
+      hf = names.stored_name(
+        (hybrid_names.to_hf_name if hybrid else names.to_hf_name)(missing[0])[0], prefix
+      )
+    except KeyError:  # a stacked expert params path: name it as it is
       hf = missing[0]
     raise CheckpointError(f"{path}: missing tensor {hf!r} ({len(missing)} missing in all)")
 
@@ -293,7 +324,9 @@ def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True, mesh=None
   hybrid = isinstance(config, HybridConfig)
   if hybrid and (scheme is not None or linear_reader(raw, scheme) is not None):
     raise CheckpointError(f"{path}: quantized {config.model_type} checkpoints are not supported")
-  params, kv_missing = read_params(path, config, dtype, linear_reader(raw, scheme), scheme)
+  params, kv_missing = read_params(
+    path, config, dtype, linear_reader(raw, scheme), scheme, tensor_prefix(raw)
+  )
   tokenizer = load_tokenizer(path, config.vocab_size)
   config = config.replace(eos_token_ids=_eos_ids(path, config))
   if kv_missing:

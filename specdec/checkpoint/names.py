@@ -32,6 +32,13 @@ IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"mtp\..+")
 
 _COMPILED = tuple((re.compile(p + r"\Z"), t, tr) for p, t, tr in NAME_TABLE)
 
+# Where the language model's tensors sit: `model.` in a text checkpoint; `model.language_model.` in
+# a vision-language wrapper (Qwen3.5 as published), beside `lm_head.*` and `mtp.*` at the top and
+# the vision tower under `model.visual.`, which a text-only target does not read.
+TEXT_PREFIX = "model."
+WRAPPER_PREFIX = "model.language_model."
+VISION_PREFIX = "model.visual."
+
 
 def to_path(hf_name: str) -> tuple[str, bool] | None:
   """HF name -> (params path 'a/b/c', transpose) or None if the table has no row for it."""
@@ -57,6 +64,21 @@ def to_hf_name(path: str, table=NAME_TABLE) -> tuple[str, bool]:
         name = re.sub(r"\([^)]*\)", value, name, count=1)
       return name.replace("\\.", "."), transpose
   raise KeyError(f"params path {path!r} has no HF name in its name table")
+
+
+def text_name(name: str, prefix: str = TEXT_PREFIX) -> str | None:
+  """A stored tensor name as a text checkpoint spells it, the language model's tensors sitting
+  under `prefix`; None for another name under `model.` (in a wrapper: not the language model's)."""
+  if prefix == TEXT_PREFIX or not name.startswith(TEXT_PREFIX):
+    return name
+  if name.startswith(prefix):
+    return TEXT_PREFIX + name[len(prefix) :]
+  return None
+
+
+def stored_name(name: str, prefix: str = TEXT_PREFIX) -> str:
+  """The inverse of `text_name`: a text checkpoint's name as one with `prefix` stores it."""
+  return prefix + name[len(TEXT_PREFIX) :] if name.startswith(TEXT_PREFIX) else name
 
 
 def is_ignored(hf_name: str) -> bool:

@@ -27,6 +27,7 @@ def detect(path: str) -> str:
   try:
     d, file = model_config.read_config_json(path)
     kind = speculators.model_type(d, file)
+    lm = model_config.language_model_dict(d, file)  # a VL wrapper counts its MTP layers there
   except (ValueError, model_config.ConfigError) as e:
     raise CheckpointError(str(e)) from e
   if kind is not None:
@@ -36,7 +37,7 @@ def detect(path: str) -> str:
     return "block"
   if arch == eagle3.ARCH or "draft_vocab_size" in d:
     return "eagle3"
-  if d.get("num_nextn_predict_layers") or d.get("mtp_num_hidden_layers"):
+  if lm.get("num_nextn_predict_layers") or lm.get("mtp_num_hidden_layers"):
     return "mtp"
   raise CheckpointError(
     f"{file}: not a drafter layout specdec knows (no speculators_model_type, architectures "

@@ -37,7 +37,13 @@ from specdec.checkpoint.hybrid_names import to_hf_name as hybrid_hf_name
 from specdec.checkpoint.safetensors_io import CheckpointError, checkpoint_files
 from specdec.drafters import heads, qwen3_next_mtp, speculators
 from specdec.models import stack
-from specdec.models.config import HybridConfig, ModelConfig, to_hf_dict
+from specdec.models.config import (
+  ConfigError,
+  HybridConfig,
+  ModelConfig,
+  language_model_dict,
+  to_hf_dict,
+)
 from specdec.models.hybrid import HybridBlock
 from specdec.models.hybrid_layers import ZeroCentredRMSNorm
 from specdec.models.transformer import Block, KVCache, Linear, RMSNorm, Transformer
@@ -247,11 +253,17 @@ def _owned(config: ModelConfig, layout: str):
 
 
 def _read_config(path: str) -> tuple[dict, str]:
+  """(path/config.json, its name); a vision-language wrapper's (Qwen3.5 as published): the
+  language model's, which holds the MTP fields."""
   file = os.path.join(path, "config.json")
   if not os.path.exists(file):
     return {}, file
   with open(file) as f:
-    return json.load(f), file
+    d = json.load(f)
+  try:
+    return language_model_dict(d, file), file
+  except ConfigError as e:
+    raise CheckpointError(str(e)) from e
 
 
 def _num_mtp_layers(d: dict) -> int | None:

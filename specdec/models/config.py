@@ -11,6 +11,13 @@ QWEN3_5 = ("qwen3_5_text", "qwen3_5_moe_text")
 NEXT_FAMILY = ("qwen3_next", *QWEN3_5)  # gated attention, zero-centred norms, GDN layers
 HYBRID_MODEL_TYPES = (*NEXT_FAMILY, "qwen3_moe")
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", *HYBRID_MODEL_TYPES)
+# The vision-language wrappers Qwen publishes Qwen3.5 as (Qwen3_5ForConditionalGeneration): the
+# language model's config nests under `text_config`; we load the language model alone.
+VL_WRAPPERS = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+# What the wrapper keeps at its own level and transformers reads from there: the wrapper's lm_head
+# ties by the wrapper's `tie_word_embeddings` (default false, whatever text_config says); token
+# ids are read from the wrapper first, then from text_config (GenerationConfig.from_model_config).
+_WRAPPER_TOKEN_IDS = ("bos_token_id", "eos_token_id")
 LAYER_TYPES = ("full_attention", "linear_attention")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -195,13 +202,40 @@ def _eos_tuple(value) -> tuple[int, ...]:
   return tuple(int(v) for v in value)
 
 
+def language_model_dict(d: dict[str, Any], source: str = "config.json") -> dict[str, Any]:
+  """The language model's config of a vision-language wrapper (`VL_WRAPPERS`): its `text_config`
+  with the fields the wrapper keeps at its own level; any other dict as it is."""
+  wrapper = d.get("model_type")
+  if wrapper not in VL_WRAPPERS:
+    return d
+  text = d.get("text_config")
+  if not isinstance(text, dict):
+    raise ConfigError(
+      f"{source}: missing config key 'text_config' (model_type {wrapper} nests the language "
+      "model's config there)"
+    )
+  want = VL_WRAPPERS[wrapper]
+  if text.get("model_type", want) != want:
+    raise ConfigError(
+      f"{source}: text_config.model_type {text['model_type']!r} is not {want!r} "
+      f"(model_type {wrapper})"
+    )
+  out = dict(text, model_type=want, tie_word_embeddings=bool(d.get("tie_word_embeddings", False)))
+  for key in _WRAPPER_TOKEN_IDS:
+    if d.get(key) is not None:
+      out[key] = d[key]
+  return out
+
+
 def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> ModelConfig:
-  """Maps an HF config dict; every problem names `source` and the key."""
+  """Maps an HF config dict (a vision-language wrapper's: its language model); every problem
+  names `source` and the key."""
+  if d.get("model_type") in VL_WRAPPERS:
+    d, source = language_model_dict(d, source), f"{source} text_config"
   model_type = d.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
-    raise ConfigError(
-      f"{source}: unknown model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-    )
+    known = (*SUPPORTED_MODEL_TYPES, *VL_WRAPPERS)
+    raise ConfigError(f"{source}: unknown model_type {model_type!r}; supported: {', '.join(known)}")
 
   def need(key):
     if key not in d or d[key] is None:
@@ -299,6 +333,7 @@ def read_config_json(path: str) -> tuple[dict, str]:
 
 def load_config(path: str) -> ModelConfig:
   d, file = read_config_json(path)
-  if d.get("hidden_act", "silu") not in ("silu", "swish"):
-    raise ConfigError(f"{file}: unsupported hidden_act {d['hidden_act']!r} (SwiGLU needs silu)")
+  act = language_model_dict(d, file).get("hidden_act", "silu")
+  if act not in ("silu", "swish"):
+    raise ConfigError(f"{file}: unsupported hidden_act {act!r} (SwiGLU needs silu)")
   return from_hf_dict(d, source=file)

@@ -1,6 +1,6 @@
 """The Qwen3-Next MTP head shipped in its hybrid target's checkpoint (`mtp.*` tensors): parity with
 the re-statement in tests/fixtures/hybrid/make_hybrid.py, greedy identity as a drafter on its
-own target, and bad heads named by tensor."""
+own target, bad heads named by tensor, and the head read from a Qwen3.5 vision-language wrapper."""
 
 import functools
 import os
@@ -13,7 +13,9 @@ import pytest
 
 import specdec
 from specdec.checkpoint.safetensors_io import CheckpointError
-from specdec.drafters.mtp import MTP
+from specdec.drafters import heads
+from specdec.drafters.mtp import MTP, tensor_names
+from specdec.drafters.mtp import mtp as mtp_drafter
 from specdec.model import forward
 from tests.checkpoint.test_loader_errors import _edit_config, _edit_tensors
 
@@ -155,3 +157,30 @@ def test_dedicated_embeddings_and_several_layers_are_refused(ckpt, target):
     ckpt, lambda d: d.update(mtp_use_dedicated_embeddings=False, mtp_num_hidden_layers=2)
   )
   _fails(ckpt, target, "2 MTP layers")
+
+
+def test_the_head_in_a_vision_language_wrapper_loads(tmp_path):
+  # Qwen3.5 as published: the MTP layer count in text_config, `mtp.*` beside
+  # `model.language_model.*`. The target ignores the head; load_drafter reads it.
+  wrapper = shutil.copytree("tests/fixtures/hybrid/qwen3_5_vl", tmp_path / "vl")
+  target = specdec.load(str(wrapper), dtype=jnp.float32)
+  head = mtp_drafter(target, seed=3)
+  flat = heads.flat_params(head.weights["head"])
+  names = tensor_names(target.config, "qwen3_next")
+  written = {
+    names[p][0]: np.asarray(v).T if names[p][1] else np.asarray(v) for p, v in flat.items()
+  }
+  assert all(n.startswith("mtp.") for n in written)
+  _edit_tensors(str(wrapper), lambda t: t.update(written))
+  _edit_config(str(wrapper), lambda d: d["text_config"].update(mtp_num_hidden_layers=1))
+
+  ids = np.load(os.path.join(wrapper, "reference.npz"))["input_ids"]
+  again = specdec.load(str(wrapper), dtype=jnp.float32)
+  np.testing.assert_array_equal(np.asarray(again.logits(ids)), np.asarray(target.logits(ids)))
+  drafter = specdec.load_drafter(str(wrapper), target)
+  assert isinstance(drafter, MTP) and drafter.spec.layout == "qwen3_next"
+  for p, v in heads.flat_params(drafter.weights["head"]).items():
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(flat[p]), err_msg=p)
+  _edit_config(str(wrapper), lambda d: d["text_config"].update(mtp_num_hidden_layers=2))
+  with pytest.raises(CheckpointError, match="2 MTP layers"):
+    specdec.load_drafter(str(wrapper), target)

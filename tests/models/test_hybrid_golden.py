@@ -1,4 +1,5 @@
-"""Parity with HF transformers' Qwen3-Next and Qwen3-MoE (tests/fixtures/hybrid/make_hybrid.py)."""
+"""Parity with HF transformers' Qwen3-Next, Qwen3.5 (text models and vision-language wrappers) and
+Qwen3-MoE (tests/fixtures/hybrid/make_hybrid.py)."""
 
 import json
 import os
