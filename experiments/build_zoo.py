@@ -6,9 +6,13 @@ MTP, EAGLE-3, DFlash block b=8 and b=16 and DFlash2 on that data.
 
 A model already finished in --out is kept (specdec.training.zoo), so a run cut short resumes at
 the first unfinished model; --retrain starts from scratch. --models picks models: after
-`--models=target,selfdistill`, one process per drafter (`--models=eagle3`, ...) can share the GPU.
+`--models=target,selfdistill`, one process per drafter (`--models=eagle3`, ...) can share the
+GPU; `--jobs=N` does that itself, N drafters at a time.
 Time on one H200: docs/zoo.md.
 """
+
+import os
+import sys
 
 from absl import app, flags, logging
 
@@ -25,6 +29,9 @@ _MODELS = flags.DEFINE_list(
   list(zoo.MODELS),
   "models to train ('selfdistill': the drafters' data alone)",
 )
+_JOBS = flags.DEFINE_integer(
+  "jobs", 1, "> 1: after the target and the data, the drafters train in this many processes at once"
+)
 
 
 def main(argv):
@@ -33,7 +40,24 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   configs = {name: module.get_config() for name, module in CONFIGS.items()}
   models = tuple(_MODELS.value)
-  zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value, models)
+  drafters = [m for m in models if m not in ("target", "selfdistill")]
+  if _JOBS.value <= 1 or len(drafters) <= 1:
+    zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value, models)
+    return
+  first = tuple(m for m in models if m == "target") + ("selfdistill",)
+  zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value, first)
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # memory as each one needs it
+  cmds = {name: drafter_command(name) for name in drafters}
+  failed = zoo.side_by_side(cmds, _JOBS.value, _CKPT.value, env)
+  if failed:
+    sys.exit(f"build_zoo: {', '.join(failed)} failed; their logs are in {_CKPT.value}")
+
+
+def drafter_command(name: str) -> list[str]:
+  """This main for one drafter, with this run's flags."""
+  cmd = [sys.executable, "-m", "experiments.build_zoo", f"--models={name}"]
+  cmd += [f"--corpus_dir={_CORPUS.value}", f"--out={_OUT.value}", f"--ckpt_dir={_CKPT.value}"]
+  return cmd + (["--retrain"] if _RETRAIN.value else [])
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ training writes last, so a build cut short resumes at the first unfinished model
 """
 
 import os
+import subprocess
+import time
 
 from specdec.training import drafter, lm, selfdistill
 
@@ -62,3 +64,26 @@ def build(
       drafter.train(cfg, corpus_dir, path, ckpt)
     trained.append(name)
   return trained
+
+
+def side_by_side(cmds: dict[str, list[str]], jobs: int, log_dir: str, env=None) -> list[str]:
+  """Runs each command (by name) as its own process, `jobs` at a time, logging to
+  log_dir/NAME.log: the drafters of a build share one device once the target and the data exist.
+  Returns the names whose process failed."""
+  os.makedirs(log_dir, exist_ok=True)
+  pending, running, failed = list(cmds), {}, []
+  while pending or running:
+    while pending and len(running) < jobs:
+      name = pending.pop(0)
+      log = open(os.path.join(log_dir, f"{name}.log"), "w")
+      proc = subprocess.Popen(cmds[name], stdout=log, stderr=subprocess.STDOUT, env=env)
+      running[name] = (proc, log)
+      print(f"zoo: {name} started, log {log.name}", flush=True)
+    time.sleep(0.2)
+    for name, (proc, log) in list(running.items()):
+      if proc.poll() is not None:
+        log.close()
+        del running[name]
+        print(f"zoo: {name} exited with {proc.returncode}", flush=True)
+        failed += [name] if proc.returncode else []
+  return failed

@@ -76,3 +76,24 @@ def test_build_picks_models_and_refuses_unknown_ones_or_a_missing_target(tmp_pat
   assert len(distilled) == 1  # the data alone
   assert zoo.build(configs, "corpus", out, "ckpt", models=("eagle3",)) == ["eagle3"]
   assert [name for name, _ in calls] == ["target", "eagle3"]
+
+
+def test_side_by_side_runs_jobs_at_a_time_logs_each_and_names_failures(tmp_path):
+  import sys
+
+  def cmd(name, code):  # records its start and end times, then exits with `code`
+    script = (
+      "import sys, time; t = time.time(); time.sleep(0.5); "
+      f"print('{name}', t, time.time()); sys.exit({code})"
+    )
+    return [sys.executable, "-c", script]
+
+  cmds = {"a": cmd("a", 0), "b": cmd("b", 3), "c": cmd("c", 0)}
+  assert zoo.side_by_side(cmds, 2, str(tmp_path)) == ["b"]
+  spans = {}
+  for name in cmds:
+    words = (tmp_path / f"{name}.log").read_text().split()
+    assert words[0] == name
+    spans[name] = (float(words[1]), float(words[2]))
+  assert spans["a"][0] < spans["b"][1] and spans["b"][0] < spans["a"][1]  # a and b overlap
+  assert spans["c"][0] >= min(spans["a"][1], spans["b"][1])  # c waited for a free slot
