@@ -5,9 +5,9 @@
   "gather"  each (token, choice) gathers its expert's weights and runs its own einsum: only the
             routed experts are read, with no sort (decode and verify, M x e small)
 
-None picks "gather" while M x e <= I (no expert can be read twice over) and "ragged" above.
-docs/benchmarks.md has the measured crossover. Shapes: M token rows, D model, F expert width,
-I experts, e chosen per token.
+None picks "gather" while M x e <= I (no expert can be read twice over), on a GPU while
+M x e <= I / 2, and "ragged" above: the crossovers measured in docs/benchmarks.md.
+Shapes: M token rows, D model, F expert width, I experts, e chosen per token.
 """
 
 import jax
@@ -32,7 +32,8 @@ def experts(x_MD, w_Me, ids_Me, gate_IDF, up_IDF, down_IFD, implementation=None)
     raise ValueError(f"unknown MoE implementation {implementation!r}; expected {IMPLEMENTATIONS}")
   M, e = ids_Me.shape
   if implementation is None:
-    implementation = "gather" if M * e <= gate_IDF.shape[0] else "ragged"
+    gather_max = gate_IDF.shape[0] // (2 if jax.default_backend() == "gpu" else 1)
+    implementation = "gather" if M * e <= gather_max else "ragged"
   if implementation == "gather":
     return _gather(x_MD, w_Me, ids_Me, gate_IDF, up_IDF, down_IFD)
   return _ragged(x_MD, w_Me, ids_Me, gate_IDF, up_IDF, down_IFD)

@@ -51,3 +51,21 @@ def test_unknown_implementation_is_refused():
   x, w, ids = jnp.zeros((1, 8)), jnp.ones((1, 2)), jnp.zeros((1, 2), jnp.int32)
   with pytest.raises(ValueError, match="MoE implementation 'megablocks'"):
     moe.experts(x, w, ids, gate, up, down, implementation="megablocks")
+
+
+PICKS = [("cpu", 3, "gather"), ("gpu", 3, "ragged"), ("gpu", 1, "gather"), ("cpu", 4, "ragged")]
+
+
+@pytest.mark.parametrize("backend, M, picked", PICKS)
+def test_the_default_picks_by_rows_times_choices_against_the_backend_s_crossover(
+  monkeypatch, backend, M, picked
+):
+  """I = 6 experts, e = 2: gather while M e <= 6 on a CPU, <= 3 on a GPU."""
+  calls = []
+  monkeypatch.setattr(moe.jax, "default_backend", lambda: backend)
+  for name in ("_gather", "_ragged"):
+    monkeypatch.setattr(moe, name, lambda *a, name=name: calls.append(name[1:]))
+  gate, up, down = _weights()
+  ids = jnp.zeros((M, 2), jnp.int32)
+  moe.experts(jnp.zeros((M, 8)), jnp.ones((M, 2)), ids, gate, up, down)
+  assert calls == [picked]
