@@ -1,8 +1,9 @@
 """Speculation over a hybrid target: the recurrent state is settled at the emitted count.
 
-Greedy output of every drafter that runs on it equals plain decoding at k up to 16 and B in
-{1, 3} (rows of different lengths, so prefill padding and per-row state selection both count),
-and sampling stays lossless (the step's statistical gate, on a small-vocabulary hybrid).
+Greedy output of every drafter that runs on it (oracle, n-gram, suffix, draft LM, MTP, EAGLE-3,
+block) equals plain decoding at k up to 16 and B in {1, 3} (rows of different lengths, so prefill
+padding and per-row state selection both count), and sampling stays lossless (the step's
+statistical gate, on a small-vocabulary hybrid).
 """
 
 import dataclasses
@@ -14,9 +15,10 @@ import pytest
 
 import specdec
 from specdec.drafters import block as block_lib
-from specdec.drafters import draft_lm, ngram
+from specdec.drafters import draft_lm, ngram, suffix
 from specdec.drafters import mtp as mtp_lib
 from specdec.drafters.base import Drafter
+from specdec.drafters.eagle3 import eagle3
 from specdec.ops import sampling as S
 from tests.decoding import test_spec_gates as gates
 from tests.helpers import tiny_hybrid_model, tiny_model
@@ -98,12 +100,35 @@ LIBRARY = {
 
 
 @pytest.mark.parametrize(
-  "kind, k, B", [("ngram", 16, 3), ("draft_lm", 4, 1), ("mtp", 4, 3), ("block", 8, 1)]
+  "kind, k, B",
+  [("ngram", 16, 3), ("draft_lm", 4, 1), ("mtp", 16, 1), ("mtp", 16, 3), ("block", 8, 1)],
 )
 def test_greedy_identity_for_the_library_drafters(target, baseline, kind, k, B):
   drafter = LIBRARY[kind](target)
   out = specdec.generate(target, PROMPTS[:B], max_new_tokens=NEW, drafter=drafter, k=k)
   assert out.tokens == baseline[B]
+
+
+def test_greedy_identity_for_suffix_decoding(target, baseline):
+  """The store holds the answers, so long runs are drafted and accepted: every count 0..k."""
+  drafter = suffix(store_size=64, history=baseline[3])
+  out = specdec.generate(target, PROMPTS, max_new_tokens=NEW, drafter=drafter, k=8)
+  assert out.tokens == baseline[3]
+  hist = np.asarray(out.stats["rows"]["accept_hist"]).sum((0, 1))
+  assert (hist > 0).all(), hist
+
+
+def test_greedy_identity_for_an_eagle3_head():
+  """EAGLE-3 taps three distinct layers, more than the 2-layer target has: a 3-layer hybrid.
+  15 new tokens: below one 16-step chunk, so each decode compiles one chunk size."""
+  layers = ["linear_attention", "linear_attention", "full_attention"]
+  deep = tiny_hybrid_model(seed=2, scale=3.0, num_hidden_layers=3, layer_types=layers)
+  want = specdec.generate(deep, PROMPTS, max_new_tokens=15).tokens
+  assert all(len(set(row)) >= 8 for row in want)  # not degenerate
+  head = eagle3(deep)  # untrained, over taps of both layer kinds
+  assert head.taps == (0, 1, 2)
+  out = specdec.generate(deep, PROMPTS, max_new_tokens=15, drafter=head, k=8)
+  assert out.tokens == want
 
 
 def test_same_shape_baseline_and_chunked_prefill_agree(target, baseline):

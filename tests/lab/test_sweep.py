@@ -68,6 +68,45 @@ def test_resume_refuses_a_different_sweep(tmp_path):
     driver.run(small_config(ks=(2,)), out, progress=False)
 
 
+def test_progress_line_counts_cells_and_takes_its_eta_from_measured_cell_times(
+  tmp_path, monkeypatch, capsys
+):
+  """n/total, the cell just measured, and an ETA of (cells left) x (mean measured s/cell), with
+  the ahead-of-time compile reported apart. driver's clock is faked: 75 s of compile, then cells
+  of 100, 20, 60 and 40 s."""
+  from types import SimpleNamespace
+
+  from tqdm import tqdm
+
+  from specdec.progress import BAR_FORMAT
+
+  ticks = iter([0.0, 75.0, 1000.0, 1100.0, 2000.0, 2020.0, 3000.0, 3060.0, 4000.0, 4040.0])
+  monkeypatch.setattr(driver, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+  lines = []
+
+  class Recording(tqdm):
+    def update(self, n=1):
+      super().update(n)
+      if self.bar_format == BAR_FORMAT:  # the cells' bar, not the compile-ahead ones
+        lines.append(str(self))
+
+  monkeypatch.setattr(driver, "tqdm", Recording)
+  driver.run(small_config(ks=(1,)), str(tmp_path / "run"), progress=True, compile_workers=1)
+  assert len(lines) == 4  # (null, ngram k=1) x 2 legs
+  expect = [
+    ("1/4", "leg 0 humaneval null k=0", "ETA 5:00 at 100.00 s/cell"),  # 3 left x 100 s
+    ("2/4", "leg 0 humaneval ngram k=1", "ETA 2:00 at 60.00 s/cell"),  # 2 x (100 + 20) / 2
+    ("3/4", "leg 1 humaneval null k=0", "ETA 1:00 at 60.00 s/cell"),  # 1 x 180 / 3
+    ("4/4", "leg 1 humaneval ngram k=1", "ETA 0:00 at 55.00 s/cell"),
+  ]
+  for line, (count, cell, eta) in zip(lines, expect, strict=True):
+    assert line.startswith(f"{cell} ctx=0 T=0.0: {count} cells"), line
+    assert f"{eta} measured on 1 device(s) (compiled ahead in 1:15)" in line, line
+  err = capsys.readouterr().err
+  assert "4/4 cells" in err and "in 75.0 s on 1 threads; measured in 220.0 s" in err, err
+  assert next(ticks, None) is None  # every measured time was read
+
+
 def test_killed_sweep_loses_at_most_the_cell_in_flight(tmp_path):
   out = str(tmp_path / "run")
   path = os.path.join(out, "results.jsonl")

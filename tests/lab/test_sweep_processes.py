@@ -4,6 +4,7 @@ process writes; a killed process loses only its cell in flight; mismatched confi
 
 import dataclasses
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -70,18 +71,18 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(out, n, extra=()):
+def _launch(out, n, extra=(), last=()):
+  """n sweep processes (n = 1: no jax.distributed); `last`: flags of the last process only."""
   port = _free_port()
   env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
   cmd = [sys.executable, "-m", "experiments.sweep", *SWEEP, f"--out={out}", "--noplots",
          "--compile_workers=0", *extra]  # fmt: skip
+  pipes = dict(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   if n == 1:
-    return [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
+    return [subprocess.Popen(cmd, **pipes)]
   dist = [f"--num_processes={n}", f"--coordinator=localhost:{port}"]
   return [
-    subprocess.Popen(
-      [*cmd, *dist, f"--process_id={i}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )  # fmt: skip
+    subprocess.Popen([*cmd, *dist, f"--process_id={i}", *(last if i == n - 1 else ())], **pipes)
     for i in range(n)
   ]
 
@@ -145,4 +146,15 @@ def test_more_processes_than_cell_groups_is_one_line_before_loading(tmp_path):
   for e in errs:  # one line each (absl may log around it), no traceback
     assert "sweep: --num_processes=5: more processes than the sweep's 4 groups" in e, e[-2000:]
     assert "Traceback" not in e
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_process_that_joins_with_another_config_stops_both_before_loading(tmp_path):
+  """Two real jax.distributed processes, the second with another max_new_tokens: each exits 1
+  with the one-line refusal, before anything loads (no config.json, no cells' progress bar)."""
+  codes, errs = _wait(_launch(tmp_path / "run", 2, last=["--config.max_new_tokens=9"]), 120)
+  assert codes == [1, 1], errs
+  for e in errs:
+    assert "sweep: process(es) [1] run a different config or checkpoints than process 0" in e, e
+    assert "Traceback" not in e and not re.search(r"\d+/\d+ cells", e), e[-2000:]
   assert not (tmp_path / "run").exists()

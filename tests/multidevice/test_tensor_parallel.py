@@ -1,5 +1,6 @@
 """Tensor parallelism on a fake 4-device CPU mesh: sharded logits equal single-device logits and
-greedy speculative output is token-identical, for TP = 2 and 4, every drafter kind."""
+greedy speculative output is token-identical, for TP = 2 and 4, every drafter kind (the trained
+heads at TP 2 only: the zoo target has 2 kv heads; untrained ones at TP 4)."""
 
 import jax
 import jax.numpy as jnp
@@ -82,6 +83,37 @@ def test_learned_drafters_keep_greedy_identity_on_the_zoo_target_at_tp2(name):
   mesh = sharding.make_mesh(tensor=2)
   sharded = specdec.load(resolve_path("zoo:target"), dtype=jnp.float32, mesh=mesh)
   assert specdec.generate(sharded, prompts, mesh=mesh, **kw).tokens == want
+
+
+def test_the_zoo_target_cannot_split_over_four_devices():
+  """Why the trained heads above stop at TP 2: the zoo target has 2 kv heads."""
+  from specdec.checkpoint.zoo import resolve_path
+
+  with pytest.raises(sharding.ShardingError, match="tensor=4 does not divide.*num_key_value_heads"):
+    specdec.load(resolve_path("zoo:target"), dtype=jnp.float32, mesh=sharding.make_mesh(tensor=4))
+
+
+@pytest.fixture(scope="module")
+def deep():
+  """3 layers (EAGLE-3 taps three distinct ones), 4 q and 4 kv heads: TP 4 divides them; and its
+  plain single-device greedy output, which every drafter's must equal."""
+  model = tiny_model(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4)
+  return model, specdec.generate(model, PROMPTS, max_new_tokens=12).tokens
+
+
+@pytest.mark.parametrize("name", ["mtp", "eagle3", "block8"])
+def test_learned_drafters_keep_greedy_identity_at_tp4(deep, name):
+  """Untrained heads (the zoo's trained ones cannot go to TP 4): mostly rejected drafts, so this
+  checks the sharded taps and the rollback, the TP 2 test above acceptance."""
+  from specdec.drafters import block, eagle3, mtp
+
+  model, want = deep
+  make = {"mtp": mtp.mtp, "eagle3": eagle3.eagle3, "block8": lambda t: block.block(t, block_size=8)}
+  mesh = sharding.make_mesh(tensor=4)
+  got = specdec.generate(
+    model, PROMPTS, max_new_tokens=12, drafter=make[name](model), k=3, mesh=mesh
+  )
+  assert got.tokens == want
 
 
 def test_the_memory_plan_counts_bytes_per_device(model):
