@@ -45,9 +45,17 @@ def run(
   try:
     return _run(cfg, out, progress, workers, processes or Processes())
   except BaseException:
-    if fresh and not any(out.iterdir()):
-      out.rmdir()
+    if fresh:
+      _remove_if_empty(out)
     raise
+
+
+def _remove_if_empty(out: Path) -> None:
+  """Removes an empty out directory; another process of the sweep may have removed or filled it."""
+  try:
+    out.rmdir()
+  except OSError:  # missing, or not empty
+    pass
 
 
 def check_process_count(cfg, count: int) -> None:

@@ -294,3 +294,18 @@ def test_a_method_of_any_name_loads_the_layout_its_checkpoint_holds(method, case
   assert type(d).__name__ == kind
   with pytest.raises(SweepError, match=f"config.checkpoints.{method}: .*not a checkpoint dir"):
     load_drafter(method, os.path.join(HERE, "missing"), None, "float32")
+
+
+def test_a_refusal_keeps_its_error_when_another_process_removed_the_directory(
+  tmp_path, monkeypatch
+):
+  out = tmp_path / "run"
+
+  def refuse(cfg, out_dir, *args):  # the other process of the sweep cleaned up first
+    out_dir.rmdir()
+    raise SweepError("process(es) [1] run a different config")
+
+  monkeypatch.setattr(driver, "_run", refuse)
+  with pytest.raises(SweepError, match="different config"):
+    driver.run(small_config(), str(out), progress=False)
+  assert not out.exists()
