@@ -137,6 +137,11 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
     with jax.default_device(device):
       for leg, cell in part:
         base = done.get(sweep.baseline_key(cell, leg))  # run earlier in this part
+        with lock:  # the cell now running (the newest one started, on several devices)
+          bar.set_description(
+            f"leg {leg} {cell.workload} {cell.method} {cell.draft} ctx={cell.prompt_tokens} "
+            f"T={cell.temperature}"
+          )
         t0 = time.perf_counter()
         row = r.run(cell, leg, base["extra"]["output_sha"] if base else None)
         results.append_row(path, row)
@@ -144,10 +149,6 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
           measured.append(time.perf_counter() - t0)
           done[sweep.cell_of(row)] = row
           mean, left = statistics.mean(measured), len(todo) - len(measured)
-          bar.set_description(
-            f"leg {leg} {cell.workload} {cell.method} {cell.draft} ctx={cell.prompt_tokens} "
-            f"T={cell.temperature}"
-          )
           bar.set_postfix_str(
             f"{eta(left, mean / len(devices))} at {mean:.2f} s/cell measured on "
             f"{len(devices)} device(s) (compiled ahead in {clock(compile_s)})"

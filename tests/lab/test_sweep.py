@@ -84,15 +84,24 @@ def test_progress_line_counts_cells_and_takes_its_eta_from_measured_cell_times(
   monkeypatch.setattr(driver, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
   lines = []
 
+  events = []
+
   class Recording(tqdm):
     def update(self, n=1):
       super().update(n)
       if self.bar_format == BAR_FORMAT:  # the cells' bar, not the compile-ahead ones
         lines.append(str(self))
+        events.append("update")
+
+    def set_description(self, desc=None, refresh=True):
+      super().set_description(desc, refresh)
+      events.append(desc)
 
   monkeypatch.setattr(driver, "tqdm", Recording)
   driver.run(small_config(ks=(1,)), str(tmp_path / "run"), progress=True, compile_workers=1)
   assert len(lines) == 4  # (null, ngram k=1) x 2 legs
+  # each cell is named while it runs, before its count goes up
+  assert events[:2] == ["leg 0 humaneval null k=0 ctx=0 T=0.0", "update"], events
   expect = [
     ("1/4", "leg 0 humaneval null k=0", "ETA 5:00 at 100.00 s/cell"),  # 3 left x 100 s
     ("2/4", "leg 0 humaneval ngram k=1", "ETA 2:00 at 60.00 s/cell"),  # 2 x (100 + 20) / 2
