@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from configs import default
-from specdec.lab import driver, results
+from specdec.lab import driver, results, sweep
 from specdec.lab.sweep import SweepError
 from tests.helpers import GOLDEN
 
@@ -98,10 +98,12 @@ def test_progress_line_counts_cells_and_takes_its_eta_from_measured_cell_times(
       events.append(desc)
 
   monkeypatch.setattr(driver, "tqdm", Recording)
+  run_cell = sweep.Runner.run
+  monkeypatch.setattr(sweep.Runner, "run", lambda *a: events.append("run") or run_cell(*a))
   driver.run(small_config(ks=(1,)), str(tmp_path / "run"), progress=True, compile_workers=1)
   assert len(lines) == 4  # (null, ngram k=1) x 2 legs
   # each cell is named while it runs, before its count goes up
-  assert events[:2] == ["leg 0 humaneval null k=0 ctx=0 T=0.0", "update"], events
+  assert events[:3] == ["leg 0 humaneval null k=0 ctx=0 T=0.0", "run", "update"], events
   expect = [
     ("1/4", "leg 0 humaneval null k=0", "ETA 5:00 at 100.00 s/cell"),  # 3 left x 100 s
     ("2/4", "leg 0 humaneval ngram k=1", "ETA 2:00 at 60.00 s/cell"),  # 2 x (100 + 20) / 2
