@@ -1,7 +1,7 @@
-"""Drafters saved by the reference packages themselves (speculators 0.9.0, dflash 0.1.0; made by
-tests/fixtures/published/make_fixtures.py) load in specdec and give the packages' own outputs:
-draft logits and drafts after a fixed context, for every option the fixtures turn on, and greedy
-identity through `generate`. Also: specdec's speculators-format save reloads in the speculators
+"""Drafters saved by the reference packages themselves (speculators 0.9.0, dflash 0.1.0, specforge
+0.2.0; made by tests/fixtures/published/make_fixtures.py) load in specdec and give the packages'
+own outputs: draft logits and drafts after a fixed context, for every option the fixtures turn on,
+and greedy identity through `generate`. Also: specdec's speculators-format save reloads in the speculators
 package (recorded in meta.json by the fixture script) and here, tensor for tensor."""
 
 import dataclasses
@@ -146,6 +146,24 @@ def test_eagle3_matches_speculators(case):
     _finite_close(ours, theirs)
 
 
+def test_legacy_eagle3_matches_specforge():
+  """SpecForge's SGLang export (bfloat16 weights, no embedding: the target's) against SpecForge's
+  own training-time-test forward of the same export in float32, every depth; drafts are the
+  argmax over the draft vocabulary. Both sides compute in float32 on the same bfloat16 weights,
+  so the tolerance is the float32 one (ATOL, RTOL)."""
+  case = "specforge_eagle3"
+  path = os.path.join(HERE, case)
+  assert "embed_tokens.weight" not in read_tensors(os.path.join(path, "model.safetensors"))
+  d = load_eagle3(path, target_for(case, 3))
+  assert d.taps == (0, 1, 2)  # eagle_config ids [0, 1, 2] count layer outputs
+  assert d.spec.draft_vocab_size == 40 and not d.spec.head.qk_norm
+  assert not (d.spec.norm_before_fc or d.spec.fc_norm or d.spec.norm_output)
+  for j, ours in enumerate(_eagle3_depth_logits(d, case)):
+    theirs = ref(case, f"logits_{j}")[: ours.shape[0]]
+    _finite_close(ours, theirs)
+    assert np.asarray(ours).argmax(-1).tolist() == theirs.argmax(-1).tolist(), j
+
+
 def test_mtp_matches_speculators():
   case = "spec_mtp"
   target = target_for(case, 2)
@@ -169,6 +187,7 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3, 9, 3, 9]]
     ("zlab_dflash2", load_block, 2, 3),
     ("spec_dspark_rnn", load_block, 2, 8),  # b = 6 drafts per forward: chained past one block
     ("spec_eagle3_llama", load_eagle3, 3, 3),
+    ("specforge_eagle3", load_eagle3, 3, 3),
     ("spec_mtp", load_mtp, 2, 3),
   ],
 )
