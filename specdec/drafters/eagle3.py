@@ -444,7 +444,9 @@ def save_eagle3(path: str, drafter: Eagle3, dtype=None, *, format: str = "legacy
   os.makedirs(path, exist_ok=True)
   names, _ = tensor_names(cfg, prefix)
   extras = vocab_tensors(drafter.weights["draft_ids"], cfg.head.vocab_size)
-  if drafter.own_embed:
+  # The speculators format ships the embedding even when it is the target's, as speculators' own
+  # saves do: its loader (0.9.0, transformers 5) leaves a missing one uninitialised.
+  if drafter.own_embed or format == "speculators":
     extras["embed_tokens.weight"] = np.asarray(
       jnp.asarray(drafter.weights["embed"], dtype or drafter.dtype)
     )

@@ -1,8 +1,9 @@
-"""Drafters saved by the reference packages themselves (speculators 0.9.0, dflash 0.1.0; made by
-tests/fixtures/published/make_fixtures.py) load in specdec and give the packages' own outputs:
-draft logits and drafts after a fixed context, for every option the fixtures turn on, and greedy
-identity through `generate`. Also: specdec's speculators-format save reloads in the speculators
-package (recorded in meta.json by the fixture script) and here, tensor for tensor."""
+"""Drafters saved by the reference packages themselves (speculators 0.9.0, dflash 0.1.0, specforge
+0.2.0; made by tests/fixtures/published/make_fixtures.py) load in specdec and give the packages'
+own outputs: draft logits and drafts after a fixed context, for every option the fixtures turn on,
+and greedy identity through `generate`. Also: specdec's speculators-format save, of those and of
+drafters trained here, reloads in the speculators package (recorded in meta.json by the fixture
+script) and here."""
 
 import dataclasses
 import functools
@@ -146,6 +147,24 @@ def test_eagle3_matches_speculators(case):
     _finite_close(ours, theirs)
 
 
+def test_legacy_eagle3_matches_specforge():
+  """SpecForge's SGLang export (bfloat16 weights, no embedding: the target's) against SpecForge's
+  own training-time-test forward of the same export in float32, every depth; drafts are the
+  argmax over the draft vocabulary. Both sides compute in float32 on the same bfloat16 weights,
+  so the tolerance is the float32 one (ATOL, RTOL)."""
+  case = "specforge_eagle3"
+  path = os.path.join(HERE, case)
+  assert "embed_tokens.weight" not in read_tensors(os.path.join(path, "model.safetensors"))
+  d = load_eagle3(path, target_for(case, 3))
+  assert d.taps == (0, 1, 2)  # eagle_config ids [0, 1, 2] count layer outputs
+  assert d.spec.draft_vocab_size == 40 and not d.spec.head.qk_norm
+  assert not (d.spec.norm_before_fc or d.spec.fc_norm or d.spec.norm_output)
+  for j, ours in enumerate(_eagle3_depth_logits(d, case)):
+    theirs = ref(case, f"logits_{j}")[: ours.shape[0]]
+    _finite_close(ours, theirs)
+    assert np.asarray(ours).argmax(-1).tolist() == theirs.argmax(-1).tolist(), j
+
+
 def test_mtp_matches_speculators():
   case = "spec_mtp"
   target = target_for(case, 2)
@@ -169,6 +188,7 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3, 9, 3, 9]]
     ("zlab_dflash2", load_block, 2, 3),
     ("spec_dspark_rnn", load_block, 2, 8),  # b = 6 drafts per forward: chained past one block
     ("spec_eagle3_llama", load_eagle3, 3, 3),
+    ("specforge_eagle3", load_eagle3, 3, 3),
     ("spec_mtp", load_mtp, 2, 3),
   ],
 )
@@ -249,6 +269,61 @@ def test_speculators_save_reloads_here(case, tmp_path):
       _finite_close(ours, ref(case, f"logits_{j}")[: ours.shape[0]])
   else:
     assert load_mtp(out, target_for(case, 2)).spec.layout == "speculators"
+
+
+# --- drafters trained here, read by the speculators package ------------------------------------
+
+TRAINED = sorted(META.get("trained", {}))
+
+
+def _layer_matches(layers, rec):
+  assert layers.num_layers == rec["num_hidden_layers"]
+  assert layers.intermediate_size == rec["intermediate_size"]
+  assert layers.rope_theta == rec["rope_parameters"]["rope_theta"]
+  assert layers.qk_norm == (rec["model_type"] == "qwen3")
+
+
+@pytest.mark.parametrize("case", TRAINED)
+def test_a_drafter_trained_here_reloads_as_speculators_read_it(case):
+  """specdec_eagle3 / specdec_dflash: trained by specdec's own trainer (write_trained.py: the zoo
+  recipes, shrunk) and exported in the speculators format. meta.json records what the speculators
+  package read from them (the fixture script's roundtrip stage); specdec's reload agrees on every
+  config field, on every tensor (the package took them all, unchanged) and drafts what the
+  package drafts (its own forward's logits, float32 tolerance ATOL / RTOL)."""
+  rec, path = META["trained"][case], os.path.join(HERE, case)
+  assert rec["loaded_by"].startswith("speculators ")
+  assert rec["not_taken"] == [] and rec["max_abs_diff_vs_file"] == 0.0
+  saved = read_tensors(os.path.join(path, "model.safetensors"))
+  assert {k: list(v.shape) for k, v in saved.items()} == {k: rec["tensors"][k] for k in saved}
+  with open(os.path.join(path, "training.json")) as f:
+    training = json.load(f)
+  assert training["config"]["export_format"] == "speculators"
+  losses = [h["loss"] for h in training["history"]["train"]]
+  assert losses[-1] < losses[0]
+  cfg = rec["config"]
+  d = specdec.load_drafter(path, target_for(case, 3))
+  if "eagle3" in case:
+    assert rec["class"] == "Eagle3DraftModel" and d.name == "eagle3"
+    assert "embed_tokens.weight" in saved  # the package would not take the verifier's
+    assert d.taps == tuple(i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"])
+    assert d.spec.draft_vocab_size == cfg["draft_vocab_size"] < 64
+    for flag in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
+      assert getattr(d.spec, flag) == cfg[flag], flag
+    _layer_matches(d.spec.head, rec["layer_config"])
+    for j, ours in enumerate(_eagle3_depth_logits(d, case)):
+      _finite_close(ours, ref(case, f"logits_{j}")[: ours.shape[0]])
+  else:
+    assert rec["class"] == "DFlashDraftModel" and d.name == "block"
+    assert d.cfg.target_layer_ids == tuple(i - 1 for i in cfg["aux_hidden_state_layer_ids"])
+    assert (d.cfg.block_size, d.cfg.mask_token_id) == (cfg["block_size"], cfg["mask_token_id"])
+    assert d.cfg.draft_vocab_size == (0 if cfg["draft_vocab_size"] == 64 else 1)
+    assert d.cfg.sample_from_anchor == cfg["sample_from_anchor"]
+    types = rec["layer_config"]["layer_types"]
+    non_causal = cfg["sliding_window_non_causal"]
+    want = [t == "sliding_attention" and not non_causal for t in types]
+    assert [d.cfg.is_causal(i) for i in range(len(types))] == want
+    _layer_matches(d.cfg.layers, rec["layer_config"])
+    _check_block(d, case)
 
 
 # --- options refused by name ----------------------------------------------------------------
