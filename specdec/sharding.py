@@ -90,14 +90,24 @@ def make_mesh(tensor: int = 1, data: int = 1, devices=None) -> jax.sharding.Mesh
 
 
 def check_divides(config, tensor: int) -> None:
-  """ShardingError naming each of heads, kv heads, MLP width and vocabulary that `tensor` does
-  not divide."""
-  sizes = {
-    "num_attention_heads": config.num_heads,
-    "num_key_value_heads": config.num_kv_heads,
-    "intermediate_size": config.intermediate_size,
-    "vocab_size": config.vocab_size,
-  }
+  """ShardingError naming each size the model splits by (config key and value) that `tensor` does
+  not divide: heads, kv heads, MLP width and vocabulary, and for a hybrid target those of the
+  layers it has (linear-attention key and value heads, the experts' and shared expert's width)."""
+  types = getattr(config, "layer_types", ()) or ("full_attention",)
+  moe = getattr(config, "moe_layers", ()) or (False,) * len(types)
+  sizes = {}
+  if "full_attention" in types:
+    sizes |= {"num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads}
+  if "linear_attention" in types:
+    sizes["linear_num_key_heads"] = config.linear_num_key_heads
+    sizes["linear_num_value_heads"] = config.linear_num_value_heads
+  if not all(moe):
+    sizes["intermediate_size"] = config.intermediate_size
+  if any(moe):
+    sizes["moe_intermediate_size"] = config.moe_intermediate_size
+    if config.shared_expert_intermediate_size:
+      sizes["shared_expert_intermediate_size"] = config.shared_expert_intermediate_size
+  sizes["vocab_size"] = config.vocab_size
   bad = {k: v for k, v in sizes.items() if v % tensor}
   if bad:
     raise ShardingError(f"tensor={tensor} does not divide {bad} of the model")
