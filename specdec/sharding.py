@@ -12,6 +12,14 @@ groups, an EXL3 weight only where each shard holds whole 128-point Hadamard bloc
 dimension (its rotations are block-diagonal at 128, so a shard's rotation is its own; whole blocks
 are whole 16 x 16 trellis tiles). Fused projections are refused by name (a tensor mesh loads the
 separate ones).
+
+Hybrid targets split by the same rules: gated attention by heads (q_proj's per-head gate comes
+with its head), Gated DeltaNet by linear-attention key heads (its in-projections are grouped by
+key head, so a column split gives each device whole key heads with their value heads; A_log and
+dt_bias follow the value heads, out_proj is row-parallel; the conv kernel and the per-dim norm are
+small and replicated), the routed experts by their FFN width (`PARAMS`), the shared expert as a
+dense MLP, the router and the shared expert's gate replicated. The recurrent states follow the
+value heads and the conv windows the key heads' channels (`cache_shardings`).
 """
 
 import dataclasses
@@ -33,9 +41,36 @@ LOGICAL = {
   "up_proj": (None, "mlp"),
   "down_proj": ("mlp", None),
   "lm_head": (None, "vocab"),
+  # Gated DeltaNet: [q, k, v, z] and [b, a] of each key head are adjacent columns
+  # (checkpoint.hybrid_names.fuse_split_gdn), so contiguous shards hold whole key heads.
+  "in_proj_qkvz": (None, "linear_heads"),
+  "in_proj_ba": (None, "linear_heads"),
+  "out_proj": ("linear_heads", None),
 }
-RULES = {"heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
+# (module, param) -> logical axes of a param that is not a Linear's kernel (others replicated).
+# Routed experts split by their FFN width F, not by expert: XLA's partitioner turns a gather or
+# ragged_dot over a sharded expert axis into masked gathers reduced at weight size (or gathers
+# the experts whole), where a split of F needs only the [M, D] reduction after down_proj that a
+# dense MLP has; and at decode every device reads 1/tensor of each routed expert, instead of the
+# few devices that hold a token's e experts reading all of them.
+PARAMS = {
+  ("linear_attn", "A_log"): ("linear_heads",),
+  ("linear_attn", "dt_bias"): ("linear_heads",),
+  ("experts", "gate_proj"): (None, None, "expert_mlp"),  # [I, D, F]
+  ("experts", "up_proj"): (None, None, "expert_mlp"),
+  ("experts", "down_proj"): (None, "expert_mlp", None),  # [I, F, D]
+}
+RULES = {
+  "heads": "tensor",
+  "kv_heads": "tensor",
+  "mlp": "tensor",
+  "vocab": "tensor",
+  "linear_heads": "tensor",
+  "expert_mlp": "tensor",
+}
 KV_HEADS = P(None, None, "tensor")  # a [B, S, K, H] KV cache, as the k/v projections split it
+CONV_CHANNELS = P(None, None, "tensor")  # a [B, w, X] conv window, channels grouped by key head
+REC_HEADS = P(None, "tensor")  # a [B, Y, H, U] recurrent state, by value heads
 
 
 class ShardingError(ValueError):
@@ -55,14 +90,24 @@ def make_mesh(tensor: int = 1, data: int = 1, devices=None) -> jax.sharding.Mesh
 
 
 def check_divides(config, tensor: int) -> None:
-  """ShardingError naming each of heads, kv heads, MLP width and vocabulary that `tensor` does
-  not divide."""
-  sizes = {
-    "num_attention_heads": config.num_heads,
-    "num_key_value_heads": config.num_kv_heads,
-    "intermediate_size": config.intermediate_size,
-    "vocab_size": config.vocab_size,
-  }
+  """ShardingError naming each size the model splits by (config key and value) that `tensor` does
+  not divide: heads, kv heads, MLP width and vocabulary, and for a hybrid target those of the
+  layers it has (linear-attention key and value heads, the experts' and shared expert's width)."""
+  types = getattr(config, "layer_types", ()) or ("full_attention",)
+  moe = getattr(config, "moe_layers", ()) or (False,) * len(types)
+  sizes = {}
+  if "full_attention" in types:
+    sizes |= {"num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads}
+  if "linear_attention" in types:
+    sizes["linear_num_key_heads"] = config.linear_num_key_heads
+    sizes["linear_num_value_heads"] = config.linear_num_value_heads
+  if not all(moe):
+    sizes["intermediate_size"] = config.intermediate_size
+  if any(moe):
+    sizes["moe_intermediate_size"] = config.moe_intermediate_size
+    if config.shared_expert_intermediate_size:
+      sizes["shared_expert_intermediate_size"] = config.shared_expert_intermediate_size
+  sizes["vocab_size"] = config.vocab_size
   bad = {k: v for k, v in sizes.items() if v % tensor}
   if bad:
     raise ShardingError(f"tensor={tensor} does not divide {bad} of the model")
@@ -86,6 +131,9 @@ def spec_of(path: tuple[str, ...], leaf) -> P:
       return P(*(RULES.get(a) if a else None for a in axes))
     if path[-1] == "bias":  # follows the kernel's output features
       return P(RULES.get(axes[1]) if axes[1] else None)
+  axes = PARAMS.get(tuple(path[-2:]))
+  if axes is not None:
+    return P(*(RULES.get(a) if a else None for a in axes))
   return P()
 
 
@@ -175,14 +223,26 @@ def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def cache_shardings(cache, mesh: jax.sharding.Mesh):
+  """Where a target's cache lives under `mesh`: KV caches by kv heads (as the k/v projections
+  split them); a hybrid cache's conv windows by channel and recurrent states by value heads (as
+  the Gated DeltaNet projections split them)."""
+  on = lambda spec: lambda _: NamedSharding(mesh, spec)  # noqa: E731
+  if not hasattr(cache, "rec"):
+    return jax.tree.map(on(KV_HEADS), cache)
+  return cache.replace(
+    kv=jax.tree.map(on(KV_HEADS), cache.kv),
+    conv=jax.tree.map(on(CONV_CHANNELS), cache.conv),
+    rec=jax.tree.map(on(REC_HEADS), cache.rec),
+  )
+
+
 def decode_state_shardings(st, mesh: jax.sharding.Mesh):
-  """Where a decode state lives under `mesh`: the target's KV cache by kv heads (as the k/v
-  projections split it), every other field replicated. `generate` puts its prefilled state there
-  and `lower_ahead` lowers the decode chunk for it, so the two share one executable (and
-  step_costs measures that chunk)."""
-  by_kv = NamedSharding(mesh, KV_HEADS)
+  """Where a decode state lives under `mesh`: the target's cache by `cache_shardings`, every
+  other field replicated. `generate` puts its prefilled state there and `lower_ahead` lowers the
+  decode chunk for it, so the two share one executable (and step_costs measures that chunk)."""
   whole = replicated(mesh)
-  return jax.tree.map(lambda _: whole, st).replace(cache=jax.tree.map(lambda _: by_kv, st.cache))
+  return jax.tree.map(lambda _: whole, st).replace(cache=cache_shardings(st.cache, mesh))
 
 
 def bytes_per_device(tree) -> int:

@@ -339,8 +339,6 @@ def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True, mesh=None
     kv_dtype=FP8 if _declares_fp8_kv(scheme) else None,
   )
   if mesh is not None:
-    if hybrid:
-      raise CheckpointError(f"{path}: {config.model_type} targets are not split over a mesh yet")
     from specdec import sharding
 
     model = sharding.on_mesh(model, mesh)

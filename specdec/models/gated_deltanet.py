@@ -4,7 +4,8 @@
     -> the gated delta rule (specdec.ops.gdn) with beta = sigmoid(b), g = -exp(A_log)
        softplus(a + dt_bias) -> RMSNorm(o) * silu(z) per value head -> out_proj
 
-Its state per row is the conv window (the last Z - 1 inputs) and the recurrent state [Y, H, U].
+Its state per row is the conv window (the last Z - 1 inputs, channels grouped by key head) and
+the recurrent state [Y, H, U].
 Given `n_commit_B`, the forward keeps only the first n tokens of each row in the state (padding
 after them is a no-op) and returns that state (prefill, full forwards). Without it, it returns the
 state after every token, for the commit to pick from (`HybridCache.settle`): verify.
@@ -16,10 +17,18 @@ value heads i r .. i r + r - 1), Z conv taps, X = 2 Q H + Y U conv channels, w w
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec.models.config import HybridConfig
 from specdec.models.transformer import Linear
 from specdec.ops import gdn
+
+
+def _by_key_head(Q: int, H: int, V: int) -> np.ndarray:
+  """Indices into the conv channels [q (Q H) | k (Q H) | v (Q V)] that group them by key head."""
+  q_QH, k_QH = np.arange(Q * H).reshape(Q, H), Q * H + np.arange(Q * H).reshape(Q, H)
+  v_QV = 2 * Q * H + np.arange(Q * V).reshape(Q, V)
+  return np.concatenate([q_QH, k_QH, v_QV], 1).reshape(-1)
 
 
 class GatedDeltaNet(nn.Module):
@@ -38,14 +47,19 @@ class GatedDeltaNet(nn.Module):
     q_BTQH, k_BTQH, v_BTQX, z_BTQX = jnp.split(qkvz_BTQX, [H, 2 * H, 2 * H + r * U], -1)
     ba_BTQX = Linear(2 * Y, name="in_proj_ba")(x_BTD).reshape(B, T, Q, 2 * r)
     b_BTY, a_BTY = ba_BTQX[..., :r].reshape(B, T, Y), ba_BTQX[..., r:].reshape(B, T, Y)
-    flat = lambda a: a.reshape(B, T, -1)  # noqa: E731
-    mixed_BTX = jnp.concatenate([flat(q_BTQH), flat(k_BTQH), flat(v_BTQX)], -1)
+    # The conv channels stay grouped by key head ([q_i, k_i, v_i] per head i, as the projection
+    # yields them), so a split by key heads gives each device whole heads of the conv and its
+    # state. The kernel, stored as [q | k | v] (HF's order), is gathered into that order (the
+    # conv is depthwise): a gather, not slices, so a partitioner splitting its output by heads
+    # reads each device's rows of the replicated kernel and moves nothing between devices.
+    mixed_BTX = jnp.concatenate([q_BTQH, k_BTQH, v_BTQX], -1).reshape(B, T, -1)
     kernel_X1Z = self.param("conv1d", nn.initializers.normal(0.3), (c.conv_dim, 1, Z))
-    mixed_BTX, win_BwX = gdn.causal_conv(mixed_BTX, conv_BwX, kernel_X1Z[:, 0])
-    q_BTQX, k_BTQX, v_BTX = jnp.split(mixed_BTX, [Q * H, 2 * Q * H], -1)
-    q_BTYH = jnp.repeat(q_BTQX.reshape(B, T, Q, H), r, axis=2)
-    k_BTYH = jnp.repeat(k_BTQX.reshape(B, T, Q, H), r, axis=2)
-    v_BTYU = v_BTX.reshape(B, T, Y, U)
+    kernel_XZ = kernel_X1Z[_by_key_head(Q, H, r * U), 0]
+    mixed_BTX, win_BwX = gdn.causal_conv(mixed_BTX, conv_BwX, kernel_XZ)
+    mixed_BTQX = mixed_BTX.reshape(B, T, Q, -1)
+    q_BTYH = jnp.repeat(mixed_BTQX[..., :H], r, axis=2)
+    k_BTYH = jnp.repeat(mixed_BTQX[..., H : 2 * H], r, axis=2)
+    v_BTYU = mixed_BTQX[..., 2 * H :].reshape(B, T, Y, U)
     a_log_Y = self.param("A_log", nn.initializers.zeros, (Y,))
     dt_bias_Y = self.param("dt_bias", nn.initializers.ones, (Y,))
     beta_BTY = jax.nn.sigmoid(b_BTY).astype(jnp.float32)
