@@ -85,8 +85,8 @@ def make_mesh(tensor: int = 1, data: int = 1, devices=None) -> jax.sharding.Mesh
     raise ShardingError(
       f"mesh data={data} x tensor={tensor} needs {data * tensor} devices; {len(devices)} present"
     )
-  grid = np.array(devices[: data * tensor]).reshape(data, tensor)
-  return jax.sharding.Mesh(grid, AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+  auto = (AxisType.Auto, AxisType.Auto)
+  return jax.make_mesh((data, tensor), AXES, auto, devices=devices[: data * tensor])
 
 
 def check_divides(config, tensor: int) -> None:
