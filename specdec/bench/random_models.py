@@ -4,6 +4,8 @@ Weights are pseudo-random fills made on the device in their own dtype, one small
 leaf shape (no host transfer, no f32 copy, no per-leaf compile): speed does not depend on the
 values, and a fill is not zeros. Quantized weights are random codes of the stored shapes (NVFP4:
 codes, E4M3 block scales, global scales; EXL3: trellis, suh, svh). The KV cache is a fill too.
+`walk_model` sets a few weights so that greedy decoding is the same at any verify width (for
+benchmarks gated on greedy identity).
 """
 
 import functools
@@ -11,6 +13,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from specdec.decoding.memory import kv_slot_bytes, tree_bytes
@@ -127,6 +130,33 @@ def random_params(config: ModelConfig, fmt: str = "bf16", dtype=jnp.bfloat16, se
 
 def random_model(config: ModelConfig, fmt: str = "bf16", dtype=jnp.bfloat16) -> Model:
   return Model(config, random_params(config, fmt, jnp.dtype(dtype)), dtype=jnp.dtype(dtype))
+
+
+def walk_model(config: ModelConfig, dtype=jnp.bfloat16, seed: int = 0) -> tuple[Model, np.ndarray]:
+  """A random dense target whose greedy decode is a fixed walk over the vocabulary at any verify
+  width, and that walk's next token of each token ([V]).
+
+  A random target's greedy text changes with the verify width in 16-bit compute (a width-k+1
+  GEMM rounds near-ties differently from a width-1 one), which breaks a greedy gate and an oracle
+  drafter's answer. Here every layer's output projections (o_proj, down_proj) are zero, so the
+  residual stream stays the current token's embedding, and the LM head holds the embedding rows
+  in the order of one random cycle through the vocabulary, so token t's logits peak at its
+  successor by a margin of about the embedding's squared norm. Shapes, dtype and the work of a
+  step are random_model's: speed does not depend on the values.
+  """
+  if config.tie_word_embeddings:
+    raise BenchConfigError("walk_model needs an untied LM head (tie_word_embeddings=False)")
+  flat = flatten_dict(random_params(config, "bf16", dtype, seed)["params"])
+  for path, w in flat.items():
+    if path[-2] in ("o_proj", "down_proj"):
+      flat[path] = jnp.zeros_like(w)
+  flat[("final_norm", "scale")] = jnp.ones_like(flat[("final_norm", "scale")])
+  order_V = np.random.default_rng(seed).permutation(config.vocab_size)
+  next_V = np.empty_like(order_V)
+  next_V[order_V] = np.roll(order_V, -1)  # one cycle: order[i] -> order[i + 1]
+  prev_V = np.argsort(next_V)  # LM head column v is the embedding of the token before v
+  flat[("lm_head", "kernel")] = flat[("embed", "embedding")][jnp.asarray(prev_V)].T
+  return Model(config, {"params": unflatten_dict(flat)}, dtype=jnp.dtype(dtype)), next_V
 
 
 def step_bytes(params, config: ModelConfig, batch: int, slots: int, kv_dtype) -> dict:

@@ -1,12 +1,15 @@
 """specdec.bench.random_models: seeded fills, random params of every format and their byte counts,
-format checks, synthetic decode states."""
+format checks, synthetic decode states, the walk target."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+import specdec
 from configs import bench_decode as bench_config
 from specdec.bench import random_models
+from specdec.decoding.tree import binary_paths
+from specdec.drafters.oracle import oracle
 from specdec.quant.exl3 import EXL3Weight
 from specdec.quant.nvfp4 import NVFP4Weight
 
@@ -71,3 +74,20 @@ def test_synthetic_state_is_a_decodable_state():
   assert st.cache.k[0].shape == (2, 32, 2, 64) and int(st.lengths[0]) == 20
   assert not jnp.array_equal(st.cache.k[0], st.cache.v[0])
   assert int(st.tokens.max()) < config.vocab_size and int(st.tokens.min()) >= 0
+
+
+def test_walk_model_decodes_its_walk_at_every_verify_width_in_bf16():
+  model, next_V = random_models.walk_model(_tiny(), jnp.bfloat16, seed=1)
+  assert sorted(next_V.tolist()) == list(range(256))
+  t, cycle = int(next_V[0]), 1
+  while t != 0:
+    t, cycle = int(next_V[t]), cycle + 1
+  assert cycle == 256  # one cycle through the vocabulary: the walk does not repeat early
+  prompt = [5, 9, 200, 17, 3, 3, 42]
+  walk = [int(next_V[prompt[-1]])]
+  while len(walk) < 48:
+    walk.append(int(next_V[walk[-1]]))
+  assert specdec.generate(model, [prompt], max_new_tokens=48).tokens == [walk]
+  d = oracle([prompt + walk], 256, miss=0.3)
+  for kw in (dict(k=8), dict(tree=binary_paths(9))):
+    assert specdec.generate(model, [prompt], 48, drafter=d, **kw).tokens == [walk], kw

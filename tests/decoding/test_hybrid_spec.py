@@ -6,10 +6,6 @@ padding and per-row state selection both count), and sampling stays lossless (th
 statistical gate, on a small-vocabulary hybrid).
 """
 
-import dataclasses
-
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -17,37 +13,14 @@ import specdec
 from specdec.drafters import block as block_lib
 from specdec.drafters import draft_lm, ngram, suffix
 from specdec.drafters import mtp as mtp_lib
-from specdec.drafters.base import Drafter
 from specdec.drafters.eagle3 import eagle3
+from specdec.drafters.oracle import oracle
 from specdec.ops import sampling as S
 from tests.decoding import test_spec_gates as gates
 from tests.helpers import tiny_hybrid_model, tiny_model
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9, 3], [1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 4]]
 NEW = 24
-
-
-@dataclasses.dataclass(frozen=True)
-class Oracle(Drafter):
-  """Drafts the known greedy continuation, each token replaced by a wrong one with probability
-  `miss`: every accepted count from 0 to k occurs, so every settled slot is exercised. The
-  answer and the miss rate travel as params, so oracles of one vocabulary share compiled steps."""
-
-  name = "oracle"
-  vocab: int = 0
-  answer: object = dataclasses.field(default=None, compare=False)  # [B, N]: prompt + baseline
-  miss: float = dataclasses.field(default=0.3, compare=False)
-
-  @property
-  def params(self):
-    return jnp.asarray(self.answer), jnp.float32(self.miss)
-
-  def propose(self, params, state, ctx, k, sampling, key):
-    answer_BN, miss = params
-    idx_BJ = jnp.clip(ctx.lengths_B[:, None] + jnp.arange(k), 0, answer_BN.shape[1] - 1)
-    draft_BJ = jnp.take_along_axis(answer_BN, idx_BJ, 1)
-    keep_BJ = jax.random.uniform(key, draft_BJ.shape) >= miss
-    return jnp.where(keep_BJ, draft_BJ, (draft_BJ + 1) % self.vocab), None, state
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +34,10 @@ def baseline(target):
 
 
 def _oracle(target, baseline, B, miss):
+  """Drafts the known greedy continuation, each token wrong with probability `miss`: every
+  accepted count from 0 to k occurs, so every settled slot is exercised."""
   rows = [p + t for p, t in zip(PROMPTS[:B], baseline[B], strict=True)]
-  answer = np.zeros((B, max(map(len, rows))), np.int32)
-  for b, r in enumerate(rows):
-    answer[b, : len(r)] = r
-  return Oracle(answer=answer, vocab=target.config.vocab_size, miss=miss)
+  return oracle(rows, target.config.vocab_size, miss=miss)
 
 
 def test_baseline_is_not_degenerate(baseline):
