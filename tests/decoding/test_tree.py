@@ -13,7 +13,7 @@ from specdec.decoding.generate import cache_slots
 from specdec.decoding.step import StepConfig, prefill, step
 from specdec.decoding.tree import Tree, binary_paths, tree
 from specdec.drafters import draft_lm, ngram, suffix
-from specdec.drafters.base import Context
+from specdec.drafters.base import NO_TOKEN, Context
 from specdec.models.transformer import KVCache
 from specdec.ops.attention import TreeMask
 from specdec.ops.sampling import Sampling
@@ -153,6 +153,25 @@ def test_greedy_tree_acceptance_takes_the_deepest_agreeing_path():
   assert (int(n_acc[0]), int(out[0, 0])) == (0, 7)
   n_acc, out, _ = accept_tree(None, logits, draft, t, Sampling(), "greedy", reject=True)
   assert (int(n_acc[0]), int(out[0, 0])) == (0, 7)
+
+
+def test_an_unfilled_node_is_never_accepted():
+  # Node 1 is NO_TOKEN: greedy never matches it, and the onehot walk skips it even where the
+  # target puts all its mass on the token it is fed as (0) or on the last id (a negative index).
+  t = tree(WIDE)
+  draft = jnp.asarray([[NO_TOKEN, 7, NO_TOKEN, NO_TOKEN, 4]])
+  for target_tok in (0, 15):
+    logits = _logits_preferring([target_tok, 0, 4, 0, 0, 0]) * 100.0
+    for mode in ("greedy", "onehot"):
+      s = Sampling() if mode == "greedy" else Sampling(1.0, 0, 1.0)
+      n_acc, out, path = accept_tree(jax.random.key(0), logits, draft, t, s, mode)
+      assert int(n_acc[0]) == 0 and int(out[0, 0]) == target_tok, (mode, target_tok)
+  # Node 2 (7) and its child node 5 (4) agree; node 1 beside them is unfilled.
+  logits = _logits_preferring([7, 0, 4, 0, 0, 0]) * 100.0
+  n_acc, out, path = accept_tree(
+    jax.random.key(0), logits, draft, t, Sampling(1.0, 0, 1.0), "onehot"
+  )
+  assert (int(n_acc[0]), path[0].tolist(), out[0].tolist()[:2]) == (2, [0, 2, 5], [7, 4])
 
 
 def test_equal_siblings_resolve_to_the_first_in_node_order():
