@@ -65,7 +65,7 @@ class Drafter:
   def validate_tree(self, tree) -> None:
     """Raises ValueError unless this drafter can draft `tree`, before anything compiles."""
     raise ValueError(
-      f"drafter {self.name!r} cannot draft trees yet; use ngram, draft_lm, mtp or eagle3"
+      f"drafter {self.name!r} cannot draft trees yet; use ngram, suffix, draft_lm, mtp or eagle3"
     )
 
   def propose_tree(self, params, state, ctx: Context, tree, sampling, key):

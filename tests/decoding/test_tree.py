@@ -12,8 +12,9 @@ from specdec.decoding.accept import accept_tree
 from specdec.decoding.generate import cache_slots
 from specdec.decoding.step import StepConfig, prefill, step
 from specdec.decoding.tree import Tree, binary_paths, tree
-from specdec.drafters import draft_lm, ngram, suffix
+from specdec.drafters import draft_lm, ngram
 from specdec.drafters.base import NO_TOKEN, Context
+from specdec.drafters.block import block
 from specdec.models.transformer import KVCache
 from specdec.ops.attention import TreeMask
 from specdec.ops.sampling import Sampling
@@ -91,8 +92,8 @@ def test_bad_tree_arguments_are_refused_before_compiling(model, kw, fragment):
 
 
 def test_a_drafter_that_cannot_draft_trees_says_so():
-  target = tiny_model(num_hidden_layers=6)
-  drafter = suffix()
+  target = tiny_model()
+  drafter = block(target, num_layers=1, block_size=4, target_layer_ids=(0, 1))
   with pytest.raises(ValueError, match=f"drafter '{drafter.name}' cannot draft trees"):
     specdec.generate(target, PROMPTS, max_new_tokens=8, drafter=drafter, tree=WIDE)
 
