@@ -63,6 +63,7 @@ def get_config():
       "max_spec_offset": 0.0,
       "min_token_prob": 0.1,
       "store_size": 256,
+      "max_tree_tokens": 0,  # tree cells: the most nodes kept per step (0: the whole tree)
     }
   )
   # Share of the device's memory the params + decode state may fill (vLLM's

@@ -105,10 +105,11 @@ def accept_tree(key, logits_BnV, draft_BJ, tree, s: Sampling, mode: Mode, reject
   n_acc are meaningless.
 
   logits_BnV: target logits at the tree's n nodes (root first); draft_BJ: the J = n - 1 drafted
-  nodes' tokens in node order. Greedy: a node is accepted when it and each of its ancestors equal
-  the target's argmax at their parent, and the deepest accepted node wins (the first in node
-  order among equals). onehot: `_walk_tree`. reject: only the root is accepted and the next token
-  comes from p at the root (the same-shape baseline).
+  nodes' tokens in node order, NO_TOKEN (negative) where the drafter left a node unfilled, which
+  is never accepted. Greedy: a node is accepted when it and each of its ancestors equal the
+  target's argmax at their parent, and the deepest accepted node wins (the first in node order
+  among equals). onehot: `_walk_tree`. reject: only the root is accepted and the next token comes
+  from p at the root (the same-shape baseline).
   """
   reject = jnp.asarray(reject) | (mode == "reject")
   mode = base_mode(mode, s)
@@ -154,8 +155,9 @@ def _walk_tree(key, p_BnV, draft_BJ, tree, reject):
     next_B = node_B
     for r in range(width):
       child_B = children_no[node_B, r]
-      tried_B = walking_B & ~moved_B & (child_B >= 0)
       token_B = tokens_Bn[b_B, jnp.maximum(child_B, 0)]
+      tried_B = walking_B & ~moved_B & (child_B >= 0) & (token_B >= 0)  # NO_TOKEN: not drafted
+      token_B = jnp.maximum(token_B, 0)
       u_B = jax.random.uniform(jax.random.fold_in(key_u, d * width + r), (B,))
       ok_B = tried_B & (u_B < p_BV[b_B, token_B])
       next_B = jnp.where(ok_B, child_B, next_B)

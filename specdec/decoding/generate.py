@@ -65,7 +65,9 @@ def _tree_plan(model, drafter, k, tree, mode):
   """The parsed tree and the k it implies (its depth), refused where a step cannot verify it."""
   t = parse_tree(tree)
   if drafter is None:
-    raise ValueError("tree= needs a drafter that drafts trees (ngram, draft_lm, mtp or eagle3)")
+    raise ValueError(
+      "tree= needs a drafter that drafts trees (ngram, suffix, draft_lm, mtp or eagle3)"
+    )
   if k is not None and k != t.depth:
     raise ValueError(f"k={k} disagrees with the tree's depth {t.depth}; leave k out with a tree")
   if isinstance(model.config, HybridConfig):
@@ -243,8 +245,8 @@ def generate(
   tree: a static draft tree to verify each step instead of a chain, as PATHS of child ranks
   (vLLM's `speculative_token_tree`, e.g. [(0,), (1,), (0, 0)]; specdec.decoding.tree); k is its
   depth (leave k out or give the same). Acceptance greedy or onehot (multi-draft recursive
-  rejection sampling, docs/design.md "Trees"); the drafter must draft trees (ngram, draft_lm,
-  mtp, eagle3); dense targets only.
+  rejection sampling, docs/design.md "Trees"); the drafter must draft trees (ngram, suffix,
+  draft_lm, mtp, eagle3); dense targets only.
   k="auto" chooses among the tiers of `budget` (default `budget.Budget()`: k in 1, 2, 4, 8) on the
   device before every step, by expected tokens per second (docs/design.md, "Adaptive budget").
   step_costs: the seconds a step takes at each tier; None measures them on this device (once per

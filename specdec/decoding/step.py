@@ -201,8 +201,10 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
     # lengths-1 .. lengths+k-1; whatever the accept phase rejects stays stale past `lengths`.
     # A tree's nodes take the slots after the root in node order, at positions root + depth.
     # A hybrid target's recurrent layers return their state after each of the k+1 tokens.
+    # A node left unfilled (NO_TOKEN) is fed as token 0; only its own descendants see it.
     root_B = st.lengths - 1
-    verify_BT = jnp.concatenate([st.tokens[b_B, root_B][:, None], draft_BJ], 1)
+    fed_BJ = draft_BJ if tree is None else jnp.maximum(draft_BJ, 0)
+    verify_BT = jnp.concatenate([st.tokens[b_B, root_B][:, None], fed_BJ], 1)
     if tree is None:
       positions_BT = st.lengths[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)
       mask = {}

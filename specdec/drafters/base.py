@@ -11,6 +11,8 @@ Drafters that draft static trees (specdec/decoding/tree.py) also implement
   validate_tree(tree) -> None                                   on the host, before compiling
   propose_tree(params, state, ctx, tree, sampling, key) -> (draft_BJ, state)   J = tree nodes
   commit_tree(params, state, ctx, accepted: TreeCommit, target) -> state
+A tree node the drafter has no token for is NO_TOKEN: the verify feeds it as token 0 and the
+acceptance never takes it (its descendants, which only it precedes, should be NO_TOKEN too).
 
 `target` is the target's `ForwardOut` of that call (logits, taps at `taps`, final hidden); `ctx`
 holds the committed token buffer and lengths. Every shape is static; J = k draft positions.
@@ -20,6 +22,8 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import jax
+
+NO_TOKEN = -1  # a tree node left unfilled: never accepted
 
 
 class Context(NamedTuple):
@@ -61,7 +65,7 @@ class Drafter:
   def validate_tree(self, tree) -> None:
     """Raises ValueError unless this drafter can draft `tree`, before anything compiles."""
     raise ValueError(
-      f"drafter {self.name!r} cannot draft trees yet; use ngram, draft_lm, mtp or eagle3"
+      f"drafter {self.name!r} cannot draft trees yet; use ngram, suffix, draft_lm, mtp or eagle3"
     )
 
   def propose_tree(self, params, state, ctx: Context, tree, sampling, key):

@@ -1,4 +1,4 @@
-"""Suffix decoding (arctic-inference's SuffixDecodingCache, chain mode), fixed shapes, on device.
+"""Suffix decoding (arctic-inference's SuffixDecodingCache, chains and trees), on device.
 
 Two token collections stand in for arctic's suffix trees: the row's own committed buffer (the
 per-request tree over prompt + output) and the store, earlier requests' outputs, which with the
@@ -21,18 +21,33 @@ first in [store; buffer] wins, the order in which arctic creates a node's childr
 the head of its sibling list, whose order among equal counts also depends on the order in which
 the counts grew; a fixed-shape count cannot replay that history. tests/drafters/test_suffix.py
 checks on arctic's recorded run that every step where the two differ is a true tie. A chain
-shorter than k is padded with ngram's PAD. Not reproduced: trees (chain mode only), eviction
-inside a request (the store is fixed for a generate call), and other rows' outputs of the same
-batch (arctic's global tree holds every active request's response).
+shorter than k is padded with ngram's PAD. Not reproduced: eviction inside a request (the store is
+fixed for a generate call), and other rows' outputs of the same batch (arctic's global tree holds
+every active request's response).
+
+Trees (arctic's `use_tree_spec`, `SuffixTree::_speculate_tree`): arctic grows a draft tree best
+first, by the probability of each node's path, up to max_spec_tokens nodes. Here the tree's shape
+is static: node (r_1, .., r_d) is, for each match length, the child of rank r_d (by count, ties as
+above) of node (r_1, .., r_{d-1}), its probability parent * count / parent count (arctic's float32
+order), filled where >= min_token_prob and within max_depth. Of the filled nodes the most probable
+min(max_tree_tokens or the tree's size, floor(m * max_spec_factor + max_spec_offset)) are kept,
+ties to the earlier node, which keeps every kept node's ancestors and smaller siblings: on a tree
+that holds arctic's whole draft this is arctic's best-first draft. The score is the kept nodes'
+probabilities summed largest first, as arctic sums them, and picks m and the collection as for a
+chain. Nodes not kept are NO_TOKEN (never accepted). One histogram per depth counts the children
+of all that depth's nodes at every m: the end positions under one depth's nodes are disjoint
+(each belongs to the node its next d tokens spell), so the (d+1)-gram after j, as a class id,
+and j's match length are the bins.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import NO_TOKEN, Drafter
 from specdec.drafters.ngram import PAD
 
 NO_SEQ = -1  # segment of an empty store slot or a stale buffer slot
@@ -47,6 +62,8 @@ class Suffix(Drafter):
   max_spec_offset: float = 0.0
   min_token_prob: float = 0.1
   store_size: int = 4096  # g: store slots for earlier requests' outputs
+  # arctic's max_spec_tokens in tree mode: the most nodes of a static tree kept in one step; 0: all
+  max_tree_tokens: int = 0
   # Earlier outputs, packed by `pack_store`; outside comparison so equal options share compiles.
   store: tuple = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -62,6 +79,10 @@ class Suffix(Drafter):
       raise ValueError(f"suffix min_token_prob={self.min_token_prob}: must be in [0, 1]")
     if self.max_spec_factor < 0:
       raise ValueError(f"suffix max_spec_factor={self.max_spec_factor}: must be >= 0")
+    if self.max_tree_tokens < 0:
+      raise ValueError(
+        f"suffix max_tree_tokens={self.max_tree_tokens}: must be >= 0 (0: the whole tree)"
+      )
     if self.store is None:
       object.__setattr__(self, "store", pack_store((), self.store_size))
     elif self.store[0].shape != (self.store_size,):
@@ -92,6 +113,16 @@ class Suffix(Drafter):
   def propose(self, params, state, ctx, k, sampling, key):
     draft_BJ, _, _, _ = speculate(self, params, ctx.tokens_BS, ctx.lengths_B, state, k)
     return draft_BJ, None, state
+
+  def validate_tree(self, tree):
+    pass  # any tree: a node the counts cannot fill is NO_TOKEN
+
+  def propose_tree(self, params, state, ctx, tree, sampling, key):
+    draft_BJ, _, _, _ = speculate_tree(self, params, ctx.tokens_BS, ctx.lengths_B, state, tree)
+    return draft_BJ, state
+
+  def commit_tree(self, params, state, ctx, accepted, target):
+    return state
 
 
 def pack_store(history, store_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -125,17 +156,38 @@ def suffix(
   min_token_prob: float = 0.1,
   store_size: int = 4096,
   history=(),
+  max_tree_tokens: int = 0,
 ) -> Suffix:
   """A suffix drafter; `history` (token-id sequences) are earlier requests' outputs."""
   return Suffix(
     max_depth=max_depth, max_spec_factor=max_spec_factor, max_spec_offset=max_spec_offset,
-    min_token_prob=min_token_prob, store_size=store_size, store=pack_store(history, store_size),
+    min_token_prob=min_token_prob, store_size=store_size, max_tree_tokens=max_tree_tokens,
+    store=pack_store(history, store_size),
   )  # fmt: skip
 
 
 def speculate(drafter: Suffix, params, tokens_BS, lengths_B, prompt_lengths_B, k: int):
   """(draft_BJ, n_draft_B, score_B, match_B): the chosen chain padded to k, its length, score
   and match length, as arctic's `SuffixDecodingCache.speculate` with max_spec_tokens = k."""
+  local, glob = _collections(drafter, params, tokens_BS, lengths_B, prompt_lengths_B)
+  return _pick(
+    _best_chain(drafter, k, *local[:3], glob[0], *local[3:]),
+    _best_chain(drafter, k, *glob[:3], glob[0], *glob[3:]),
+  )
+
+
+def speculate_tree(drafter: Suffix, params, tokens_BS, lengths_B, prompt_lengths_B, tree):
+  """(draft_BJ, prob_BJ, score_B, match_B): a token per drafted node of the static `tree`
+  (NO_TOKEN where none is kept), each kept node's probability (0 elsewhere), the score and the
+  match length, as arctic's tree-mode `speculate` restricted to the tree's shape."""
+  local, glob = _collections(drafter, params, tokens_BS, lengths_B, prompt_lengths_B)
+  return _pick(_best_tree(drafter, tree, *local), _best_tree(drafter, tree, *glob))
+
+
+def _collections(drafter: Suffix, params, tokens_BS, lengths_B, prompt_lengths_B):
+  """(x_Bn, seg_Bn, ids_Bn, ctx_Bt, ctx_len_B) of the per-request collection (the committed
+  buffer) and of the global one ([store; the row's own output]); ids are count bins shared by
+  both, positions in [store; buffer] where each token first appears."""
   B, S = tokens_BS.shape
   depth = drafter.max_depth
   store_Bg = jnp.broadcast_to(params["tokens_g"], (B, params["tokens_g"].shape[0]))
@@ -151,27 +203,30 @@ def speculate(drafter: Suffix, params, tokens_BS, lengths_B, prompt_lengths_B, k
   ctx_len_B = jnp.minimum(lengths_B, depth)
   n_store = store_Bg.shape[1]
   buffer_seg_BS = jnp.where(committed_BS, 0, NO_SEQ)
-  local = _best_chain(
-    drafter, k, x_Bn[:, n_store:], buffer_seg_BS, ids_Bn[:, n_store:], x_Bn, ctx_Bt, ctx_len_B
-  )
   seg_Bn = jnp.concatenate([seq_Bg, jnp.where(mine_BS, ACTIVE_SEQ, NO_SEQ)], 1)
-  glob = _best_chain(drafter, k, x_Bn, seg_Bn, ids_Bn, x_Bn, ctx_Bt, ctx_len_B)
+  local = (x_Bn[:, n_store:], buffer_seg_BS, ids_Bn[:, n_store:], ctx_Bt, ctx_len_B)
+  return local, (x_Bn, seg_Bn, ids_Bn, ctx_Bt, ctx_len_B)
+
+
+def _pick(local, glob):
+  """The per-request collection's result where its score is >= the global one's (arctic's rule)."""
   pick_B = local[2] >= glob[2]
   return tuple(
-    jnp.where(pick_B[:, None] if a.ndim == 2 else pick_B, a, b)
+    jnp.where(pick_B.reshape(pick_B.shape + (1,) * (a.ndim - 1)), a, b)
     for a, b in zip(local, glob, strict=True)
   )
 
 
-def _first_occurrence(x_Bn):
-  """For each position, the first position holding the same token: a token's count bin."""
-  B, N = x_Bn.shape
-  order_Bn = jnp.argsort(x_Bn, axis=1, stable=True)
-  sorted_Bn = jnp.take_along_axis(x_Bn, order_Bn, 1)
-  start_Bn = jnp.concatenate([jnp.ones((B, 1), bool), sorted_Bn[:, 1:] != sorted_Bn[:, :-1]], 1)
+def _first_occurrence(*keys_Bn):
+  """For each position, the first position holding the same keys (one token: its count bin)."""
+  B, N = keys_Bn[0].shape
+  iota_Bn = jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (B, N))
+  *sorted_Bn, order_Bn = jax.lax.sort((*keys_Bn, iota_Bn), 1, True, len(keys_Bn))
+  new_Bn = functools.reduce(jnp.logical_or, [a[:, 1:] != a[:, :-1] for a in sorted_Bn])
+  start_Bn = jnp.concatenate([jnp.ones((B, 1), bool), new_Bn], 1)
   run_Bn = jax.lax.cummax(jnp.where(start_Bn, jnp.arange(N), 0), axis=1)
   first_Bn = jnp.take_along_axis(order_Bn, run_Bn, 1)
-  return jnp.zeros_like(x_Bn).at[jnp.arange(B)[:, None], order_Bn].set(first_Bn)
+  return jnp.zeros_like(iota_Bn).at[jnp.arange(B)[:, None], order_Bn].set(first_Bn)
 
 
 def _shift(a_Bn, n: int, fill: int):
@@ -251,3 +306,139 @@ def _best_chain(drafter: Suffix, k, x_Bn, seg_Bn, ids_Bn, all_Bn, ctx_Bt, ctx_le
   n_B = jnp.where(found_B, jnp.take_along_axis(len_Bm, at_B1, 1)[:, 0], 0)
   score_B = jnp.where(found_B, top_B, 0.0)
   return jnp.where(found_B[:, None], draft_BJ, PAD).astype(jnp.int32), n_B, score_B, m_B
+
+
+def _gram_ids(seg_Bn, ids_Bn, n: int):
+  """[G_1 .. G_n], each [B, N]: G_d at end position j is the first position whose next d tokens
+  equal j's next d (all in j's sequence), N where they run past it: one id per node path."""
+  B, N = seg_Bn.shape
+  g_Bn = jnp.zeros((B, N), jnp.int32)  # the empty path
+  out = []
+  for d in range(1, n + 1):
+    ok_Bn = (g_Bn < N) & (seg_Bn >= 0) & (_shift(seg_Bn, -d, NO_SEQ) == seg_Bn)
+    first_Bn = _first_occurrence(
+      jnp.where(ok_Bn, g_Bn, N), jnp.where(ok_Bn, _shift(ids_Bn, -d, 0), 0)
+    )
+    g_Bn = jnp.where(ok_Bn, first_Bn, N)
+    out.append(g_Bn)
+  return out
+
+
+def _at(a_Bn, at_Bmq):
+  """a[b, at[b, m, q]]."""
+  return jnp.take_along_axis(a_Bn, at_Bmq.reshape(at_Bmq.shape[0], -1), 1).reshape(at_Bmq.shape)
+
+
+def _top_per_parent(cnt_Bmn, slot_Bmn, q: int):
+  """(count, end position) of each of q parents' most frequent child, the earliest end position
+  among equals ([B, M, q]; count 0 where none): one scatter of count * N + (N - 1 - j) where
+  that fits int32, else a max then a min."""
+  B, M, N = cnt_Bmn.shape
+  b_B11, m_1m1 = jnp.arange(B)[:, None, None], jnp.arange(M)[None, :, None]
+  j_n = jnp.arange(N, dtype=jnp.int32)
+  if (N + 1) * N < 2**31:
+    both_Bmn = jnp.where(cnt_Bmn > 0, cnt_Bmn * N + (N - 1 - j_n), -1)
+    both_Bmq = jnp.full((B, M, q + 1), -1, jnp.int32).at[b_B11, m_1m1, slot_Bmn].max(both_Bmn)
+    both_Bmq = both_Bmq[..., :q]
+    found_Bmq = both_Bmq >= 0
+    top_Bmq = jnp.where(found_Bmq, both_Bmq // N, 0)
+    return top_Bmq, jnp.where(found_Bmq, N - 1 - both_Bmq % N, N - 1)
+  top_Bmq = jnp.zeros((B, M, q + 1), jnp.int32).at[b_B11, m_1m1, slot_Bmn].max(cnt_Bmn)
+  at_Bmn = jnp.minimum(slot_Bmn, q)
+  is_top_Bmn = (cnt_Bmn > 0) & (cnt_Bmn == jnp.take_along_axis(top_Bmq, at_Bmn, 2))
+  first_Bmq = jnp.full((B, M, q + 1), N - 1, jnp.int32)
+  first_Bmq = first_Bmq.at[b_B11, m_1m1, jnp.where(is_top_Bmn, slot_Bmn, q)].min(j_n)
+  return top_Bmq[..., :q], first_Bmq[..., :q]
+
+
+def _best_tree(drafter: Suffix, tree, x_Bn, seg_Bn, ids_Bn, ctx_Bt, ctx_len_B):
+  """The best-scoring fill of the static `tree` over match lengths m = 1..max_depth-1 in one
+  collection: (draft_BJ, prob_BJ, score_B, match_B) as `speculate_tree` returns them."""
+  B, N = x_Bn.shape
+  depth, n = drafter.max_depth, tree.size
+  lens_m = np.arange(1, depth)
+  M = len(lens_m)
+  ell_Bn = _match_lengths(x_Bn, seg_Bn, ctx_Bt, ctx_len_B)
+  occ_Bmn = ell_Bn[:, None, :] >= lens_m[None, :, None]
+  n_Bm = occ_Bmn.sum(-1, dtype=jnp.int32)
+  matched_Bm = (n_Bm > 0) & (lens_m[None] < ctx_len_B[:, None])
+  grams = _gram_ids(seg_Bn, ids_Bn, tree.depth)
+  b_B1 = jnp.arange(B)[:, None]
+  tok, count = [None] * n, [None] * n
+  count[0] = n_Bm
+  # Each end position's node at the current depth, as an index into that depth's parents q.
+  parents = [0]
+  under_Bmn = jnp.where(occ_Bmn, 0, -1)
+  for d in range(tree.depth):
+    q = len(parents)
+    nxt = [int(c) for p in parents for c in tree.children[p] if c >= 0 and tree.children[c, 0] >= 0]
+    key_Bn = grams[d]
+    inside_Bmn = (under_Bmn >= 0) & (key_Bn < N)[:, None]
+    key_Bmn = jnp.where(inside_Bmn, key_Bn[:, None], N)
+    # A path's count at m: its end positions matching >= m context tokens (a path fixes its
+    # parent, so this is the count under the parent wherever the parent is a node at m).
+    bin_Bn = jnp.where(ell_Bn > 0, jnp.minimum(ell_Bn, M) - 1, M)  # M (no match): dropped
+    hist_Bnm = jnp.zeros((B, N + 1, M), jnp.int32).at[b_B1, key_Bn, bin_Bn].add(1, mode="drop")
+    at_least_Bnm = jnp.cumsum(hist_Bnm[..., ::-1], -1)[..., ::-1]
+    at_least_Bmn = jnp.moveaxis(at_least_Bnm, 2, 1)
+    cnt_Bmn = jnp.where(inside_Bmn, jnp.take_along_axis(at_least_Bmn, key_Bmn, 2), 0)
+    slot_Bmn = jnp.where(inside_Bmn, under_Bmn, q)  # q: dropped
+    at_Bmn = jnp.maximum(under_Bmn, 0)
+    next_Bmn = jnp.full((B, M, N), -1, jnp.int32)
+    for r in range(int((tree.children[parents] >= 0).sum(1).max())):
+      # The most frequent path not yet taken under each parent, the earliest end position on a tie.
+      top_Bmq, first_Bmq = _top_per_parent(cnt_Bmn, slot_Bmn, q)
+      tok_Bmq = _at(x_Bn, jnp.minimum(first_Bmq + d + 1, N - 1))
+      best_Bmq = jnp.where(top_Bmq > 0, _at(key_Bn, first_Bmq), -1)
+      taken_Bmn = inside_Bmn & (key_Bmn == jnp.take_along_axis(best_Bmq, at_Bmn, 2))
+      cnt_Bmn = jnp.where(taken_Bmn, 0, cnt_Bmn)
+      child_q = tree.children[parents, r]
+      into_q = np.asarray([nxt.index(c) if c in nxt else -1 for c in child_q], np.int32)
+      next_Bmn = jnp.where(taken_Bmn, jnp.asarray(into_q)[at_Bmn], next_Bmn)
+      for i, c in enumerate(child_q):
+        if c >= 0:
+          tok[c], count[c] = tok_Bmq[..., i], top_Bmq[..., i]
+    parents, under_Bmn = nxt, next_Bmn
+  # Probabilities down the tree in arctic's float32 order: parent * count, then / parent count,
+  # where a node branches; a child with all its parent's count shares the parent's tree node.
+  count_BmT = jnp.stack(count, -1)
+  prob_BmT = jnp.ones((B, M, n), jnp.float32)
+  fill_BmT = jnp.ones((B, M, n), bool)
+  room_m = depth - lens_m  # a path within max_depth: match plus draft
+  for d in range(1, tree.depth + 1):
+    c_q = tree.at_depth(d)
+    p_q = tree.parents[c_q]
+    own_Bmq, up_Bmq, p_up_Bmq = count_BmT[..., c_q], count_BmT[..., p_q], prob_BmT[..., p_q]
+    ratio_Bmq = p_up_Bmq * own_Bmq.astype(jnp.float32) / jnp.maximum(up_Bmq, 1).astype(jnp.float32)
+    p_Bmq = jnp.where(own_Bmq == up_Bmq, p_up_Bmq, ratio_Bmq)
+    ok_Bmq = fill_BmT[..., p_q] & (own_Bmq > 0) & (d <= room_m)[None, :, None]
+    ok_Bmq &= p_Bmq >= np.float32(drafter.min_token_prob)
+    prob_BmT, fill_BmT = prob_BmT.at[..., c_q].set(p_Bmq), fill_BmT.at[..., c_q].set(ok_Bmq)
+  p_BmJ, fill_BmJ = prob_BmT[..., 1:], fill_BmT[..., 1:]
+  tok_BmJ = jnp.stack(tok[1:], -1)
+  # Keep the most probable nodes up to the budget, ties to the earlier node (best first).
+  budget = drafter.max_tree_tokens or n - 1
+  cap_m = np.array([_max_tokens(drafter, int(m), budget) for m in lens_m])
+  v_BmJ = jnp.where(fill_BmJ, p_BmJ, -1.0)
+  J = n - 1
+  earlier_JJ = np.arange(J)[None, :] < np.arange(J)[:, None]
+  ahead_BmJJ = (v_BmJ[..., None, :] > v_BmJ[..., :, None]) | (
+    (v_BmJ[..., None, :] == v_BmJ[..., :, None]) & earlier_JJ
+  )
+  rank_BmJ = jnp.sum(ahead_BmJJ & fill_BmJ[..., None, :], -1)
+  keep_BmJ = fill_BmJ & (rank_BmJ < cap_m[None, :, None])
+  # arctic adds each node's probability as it pops them, the largest first.
+  desc_BmJ = -jnp.sort(-jnp.where(keep_BmJ, p_BmJ, 0.0), -1)
+  score_Bm = jax.lax.fori_loop(
+    0, J, lambda j, acc_Bm: acc_Bm + desc_BmJ[..., j], jnp.zeros((B, M), jnp.float32)
+  )
+  top_B = jnp.max(jnp.where(matched_Bm, score_Bm, -1.0), 1)
+  win_Bm = matched_Bm & (score_Bm == top_B[:, None])
+  m_B = jnp.max(jnp.where(win_Bm, lens_m[None], 0), 1)
+  at_B11 = jnp.maximum(m_B - 1, 0)[:, None, None]
+  found_B = m_B > 0
+  keep_BJ = found_B[:, None] & jnp.take_along_axis(keep_BmJ, at_B11, 1)[:, 0]
+  draft_BJ = jnp.where(keep_BJ, jnp.take_along_axis(tok_BmJ, at_B11, 1)[:, 0], NO_TOKEN)
+  prob_BJ = jnp.where(keep_BJ, jnp.take_along_axis(p_BmJ, at_B11, 1)[:, 0], 0.0)
+  score_B = jnp.where(found_B, top_B, 0.0)
+  return draft_BJ.astype(jnp.int32), prob_BJ, score_B, m_B

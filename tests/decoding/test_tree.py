@@ -12,8 +12,9 @@ from specdec.decoding.accept import accept_tree
 from specdec.decoding.generate import cache_slots
 from specdec.decoding.step import StepConfig, prefill, step
 from specdec.decoding.tree import Tree, binary_paths, tree
-from specdec.drafters import draft_lm, ngram, suffix
-from specdec.drafters.base import Context
+from specdec.drafters import draft_lm, ngram
+from specdec.drafters.base import NO_TOKEN, Context
+from specdec.drafters.block import block
 from specdec.models.transformer import KVCache
 from specdec.ops.attention import TreeMask
 from specdec.ops.sampling import Sampling
@@ -91,8 +92,8 @@ def test_bad_tree_arguments_are_refused_before_compiling(model, kw, fragment):
 
 
 def test_a_drafter_that_cannot_draft_trees_says_so():
-  target = tiny_model(num_hidden_layers=6)
-  drafter = suffix()
+  target = tiny_model()
+  drafter = block(target, num_layers=1, block_size=4, target_layer_ids=(0, 1))
   with pytest.raises(ValueError, match=f"drafter '{drafter.name}' cannot draft trees"):
     specdec.generate(target, PROMPTS, max_new_tokens=8, drafter=drafter, tree=WIDE)
 
@@ -153,6 +154,25 @@ def test_greedy_tree_acceptance_takes_the_deepest_agreeing_path():
   assert (int(n_acc[0]), int(out[0, 0])) == (0, 7)
   n_acc, out, _ = accept_tree(None, logits, draft, t, Sampling(), "greedy", reject=True)
   assert (int(n_acc[0]), int(out[0, 0])) == (0, 7)
+
+
+def test_an_unfilled_node_is_never_accepted():
+  # Node 1 is NO_TOKEN: greedy never matches it, and the onehot walk skips it even where the
+  # target puts all its mass on the token it is fed as (0) or on the last id (a negative index).
+  t = tree(WIDE)
+  draft = jnp.asarray([[NO_TOKEN, 7, NO_TOKEN, NO_TOKEN, 4]])
+  for target_tok in (0, 15):
+    logits = _logits_preferring([target_tok, 0, 4, 0, 0, 0]) * 100.0
+    for mode in ("greedy", "onehot"):
+      s = Sampling() if mode == "greedy" else Sampling(1.0, 0, 1.0)
+      n_acc, out, path = accept_tree(jax.random.key(0), logits, draft, t, s, mode)
+      assert int(n_acc[0]) == 0 and int(out[0, 0]) == target_tok, (mode, target_tok)
+  # Node 2 (7) and its child node 5 (4) agree; node 1 beside them is unfilled.
+  logits = _logits_preferring([7, 0, 4, 0, 0, 0]) * 100.0
+  n_acc, out, path = accept_tree(
+    jax.random.key(0), logits, draft, t, Sampling(1.0, 0, 1.0), "onehot"
+  )
+  assert (int(n_acc[0]), path[0].tolist(), out[0].tolist()[:2]) == (2, [0, 2, 5], [7, 4])
 
 
 def test_equal_siblings_resolve_to_the_first_in_node_order():

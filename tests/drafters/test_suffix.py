@@ -139,6 +139,7 @@ def test_the_store_keeps_the_newest_outputs_that_fit():
     (dict(max_depth=1), "max_depth=1"),
     (dict(min_token_prob=1.5), "min_token_prob=1.5"),
     (dict(max_spec_factor=-1.0), "max_spec_factor=-1.0"),
+    (dict(max_tree_tokens=-1), "max_tree_tokens=-1"),
     (dict(store_size=2, history=[[1, 2, 3]]), "store_size=2"),
     (dict(history=[[1, -2]]), "negative token"),
   ],

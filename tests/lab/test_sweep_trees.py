@@ -6,10 +6,13 @@ import sys
 
 import pytest
 
+import specdec
 from configs import trees as trees_config
+from specdec.drafters import save_block
+from specdec.drafters.block import block
 from specdec.lab import driver, plots, report, results, sweep, tables, trees
 from specdec.lab.sweep import SweepError
-from tests.lab.test_sweep import FLAGS, small_config
+from tests.lab.test_sweep import FLAGS, TARGET, small_config
 
 # wide3 has depth 1, as the chain k=1 beside it: the cell key must tell them apart.
 TREE_SWEEP = dict(ks=(1,), trees=("wide3",))
@@ -111,10 +114,26 @@ def test_a_bad_tree_flag_is_one_line_from_the_cli(tmp_path):
 
 
 def test_a_method_that_cannot_draft_trees_is_refused_by_name(tmp_path):
-  cfg = small_config(methods=("null", "ngram", "suffix"), **TREE_SWEEP)
-  with pytest.raises(SweepError, match="cell suffix tree=wide3 .*cannot draft trees"):
+  # A block drafter (DFlash) for the test target, saved where config.checkpoints names it.
+  target = specdec.load(TARGET)
+  d = block(target, num_layers=1, block_size=4, target_layer_ids=(0, 1))
+  save_block(str(tmp_path / "block8"), d.cfg, d.draft_params)
+  cfg = small_config(methods=("null", "ngram", "block8"), **TREE_SWEEP)
+  cfg.checkpoints.block8 = str(tmp_path / "block8")
+  with pytest.raises(SweepError, match="cell block8 tree=wide3 .*cannot draft trees"):
     driver.run(cfg, str(tmp_path / "run"), progress=False)
   assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+def test_suffix_runs_tree_cells_and_passes_the_gate(tmp_path):
+  out = tmp_path / "run"
+  driver.run(small_config(methods=("null", "suffix"), **TREE_SWEEP), str(out), progress=False)
+  rows = [r for r in results.load_rows(out / "results.jsonl") if r["method"] == "suffix"]
+  assert {(r["k"], r["tree"], r["leg"]) for r in rows} == {
+    (1, t, leg) for t in (None, "wide3") for leg in (0, 1)
+  }
+  assert all(r["gate_passed"] and r["gate"] != "baseline" for r in rows)
+  assert all(r["verify_width"] == 4 for r in rows if r["tree"] == "wide3")
 
 
 def test_tree_cells_follow_the_chains_and_explicit_paths_name_their_shape():
