@@ -5,6 +5,7 @@ token buffer on the device; proposals that would run past the committed context 
 Trees: a node's children of ranks 0, 1, .. are the distinct tokens that followed earlier
 occurrences of the node's own suffix (the committed context, then the path down to the node),
 ranked longest match first, then most recent; one search per depth covers its nodes at once.
+A node no continuation fills is NO_TOKEN, and so are its descendants (never accepted).
 Shapes: B rows, S slots, J drafts (a tree's drafted nodes), n tree nodes, m the nodes one depth
 searches for.
 """
@@ -13,7 +14,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import NO_TOKEN, Drafter
 
 PAD = 0  # a padded proposal is just an unlikely guess: acceptance stays lossless
 
@@ -77,7 +78,7 @@ class NGram(Drafter):
         best_Bm = jnp.argmax(score_BmS, -1)
         found_Bm = jnp.max(score_BmS, -1) >= 0
         pick_Bm = jnp.take_along_axis(cand_BmS, best_Bm[..., None], -1)[..., 0]
-        pick_Bm = jnp.where(found_Bm, pick_Bm, PAD)
+        pick_Bm = jnp.where(found_Bm, pick_Bm, NO_TOKEN)  # and so its descendants
         score_BmS = jnp.where(cand_BmS == pick_Bm[..., None], -1, score_BmS)
         child_m = tree.children[q_m, r]
         has = child_m >= 0

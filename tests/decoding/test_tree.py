@@ -218,9 +218,9 @@ def test_ngram_tree_children_are_distinct_continuations_longest_then_latest():
   ctx = Context(tokens, jnp.asarray([len(ctx_tokens)]))
   t = tree([(0,), (1,), (2,), (3,), (0, 0)])
   draft, _ = ngram(min_n=1, max_n=2).propose_tree((), (), ctx, t, Sampling(), None)
-  # Ranks 0..2 of the root: 7, 8, 9; rank 3: none left (PAD). Node (0, 0) continues "5 7": after
-  # "5 7" nothing, after "7" came "4".
-  assert draft[0].tolist() == [7, 8, 9, 0, 4]
+  # Ranks 0..2 of the root: 7, 8, 9; rank 3: none left (NO_TOKEN, never accepted). Node (0, 0)
+  # continues "5 7": after "5 7" nothing, after "7" came "4".
+  assert draft[0].tolist() == [7, 8, 9, NO_TOKEN, 4]
 
 
 @pytest.mark.parametrize("batch", [1, 3])
