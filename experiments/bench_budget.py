@@ -173,11 +173,11 @@ def summarize(head: dict, profiles, ks, trees, legs: dict, failed: set) -> dict:
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   if _LEGS.value < 1:
     raise app.UsageError("--legs must be >= 1 (the warm-up leg comes on top)")
   if set(_PROFILES.value) - set(PROFILES):
     raise app.UsageError(f"--profiles: choose from {', '.join(PROFILES)}")
-  xla_env.apply_defaults()
   shape = TINY if _TINY.value else QWEN3_8B
   config = random_models.model_config(shape)
   dtype = jnp.float32 if _TINY.value and jax.default_backend() == "cpu" else jnp.bfloat16
