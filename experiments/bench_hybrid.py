@@ -1,7 +1,8 @@
 """Speed of a hybrid (Gated DeltaNet + gated attention + routed experts) target, random weights.
 
   python -m experiments.bench_hybrid --out=$OUT            # Qwen3-Next-like shape, bf16, B = 1
-  python -m experiments.bench_hybrid --tiny --contexts=64,256 --out=/tmp/h   # runs on a CPU
+  python -m experiments.bench_hybrid --shape=dense27b --out=$OUT   # dense-MLP hybrid, 27B-like
+  python -m experiments.bench_hybrid --shape=tiny --contexts=64,256 --out=/tmp/h   # runs on a CPU
 
 Writes OUT/bench_hybrid.json with, per context length: the decode step (a width-1 target forward
 and its state commit) in microseconds and as a % of the bytes-read roofline; the verify forward
@@ -11,6 +12,8 @@ time is a slope over an on-device loop (specdec.bench.timing.per_iteration), so 
 
 The default shape is Qwen3-Next-80B-A3B's per-layer shape with 128 experts instead of 512 (so it
 fits one H200); the bytes a token reads are the same, since it reads only its top-10 experts.
+`dense27b` is the dense-MLP hybrid of the Qwen3.5/3.8-27B family (64 layers, hidden 5120), the
+shape of the published verify-cost figure; it has no MoE rows.
 """
 
 import json
@@ -30,7 +33,10 @@ from specdec.models.hybrid import HybridCache
 from specdec.ops import moe
 
 _OUT = flags.DEFINE_string("out", os.environ.get("OUT", "runs/bench_hybrid"), "output directory")
-_TINY = flags.DEFINE_bool("tiny", False, "a small shape that runs on a CPU (float32 there)")
+_SHAPE = flags.DEFINE_enum(
+  "shape", "qwen3_next", ["qwen3_next", "dense27b", "tiny"],
+  "model shape: MoE hybrid, dense-MLP hybrid, or a small MoE hybrid that runs on a CPU (float32)",
+)
 _CONTEXTS = flags.DEFINE_list("contexts", ["1024", "8192"], "committed tokens before the step")
 _WIDTHS = flags.DEFINE_list("widths", ["1", "4", "8", "16"], "verify widths (k + 1)")
 _MOE_TOKENS = flags.DEFINE_list("moe_tokens", ["1", "4", "8", "16", "64"], "MoE block rows M")
@@ -47,12 +53,18 @@ QWEN3_NEXT_LIKE = dict(
   num_experts=128, num_experts_per_tok=10, moe_intermediate_size=512,
   shared_expert_intermediate_size=512,
 )  # fmt: skip
+DENSE_27B_LIKE = dict(
+  vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+  num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+  linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+)  # fmt: skip
 TINY = dict(
   vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
   num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
   linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=8,
   num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
 )  # fmt: skip
+SHAPES = dict(qwen3_next=QWEN3_NEXT_LIKE, dense27b=DENSE_27B_LIKE, tiny=TINY)
 
 
 def hybrid_config(shape: dict) -> HybridConfig:
@@ -171,8 +183,9 @@ def time_moe(c: HybridConfig, dtype, tokens, n: int, reps: int, bandwidth: float
 def main(argv):
   del argv
   xla_env.apply_defaults()
-  tiny = _TINY.value
-  c = hybrid_config(TINY if tiny else QWEN3_NEXT_LIKE)
+  tiny = _SHAPE.value == "tiny"
+  shape = SHAPES[_SHAPE.value]
+  c = hybrid_config(shape)
   dtype = jnp.float32 if tiny and jax.default_backend() == "cpu" else jnp.bfloat16
   contexts = [int(x) for x in _CONTEXTS.value]
   widths = sorted({1, *(int(x) for x in _WIDTHS.value)})  # width 1 is the decode step
@@ -180,7 +193,7 @@ def main(argv):
   params = random_params(c, dtype)
   result = dict(
     device=jax.devices()[0].device_kind, backend=jax.default_backend(), jax=jax.__version__,
-    dtype=jnp.dtype(dtype).name, batch=1, shape=TINY if tiny else QWEN3_NEXT_LIKE,
+    dtype=jnp.dtype(dtype).name, batch=1, shape_name=_SHAPE.value, shape=shape,
     layer_types=list(c.layer_types), bandwidth_gbs=bw, n_steps=n, reps=reps, contexts=[],
   )  # fmt: skip
   slots = max(contexts) + max(widths) + 1
@@ -196,7 +209,8 @@ def main(argv):
         verify={str(w): dict(us=1e6 * t, vs_decode_step=t / base) for w, t in per.items()},
       )
     )  # fmt: skip
-  result["moe"] = time_moe(c, dtype, [int(x) for x in _MOE_TOKENS.value], n, reps, bw)
+  moe_tokens = [int(x) for x in _MOE_TOKENS.value] if any(c.moe_layers) else []
+  result["moe"] = time_moe(c, dtype, moe_tokens, n, reps, bw)
   os.makedirs(_OUT.value, exist_ok=True)
   path = os.path.join(_OUT.value, "bench_hybrid.json")
   with open(path, "w") as f:

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_tiny_run_writes_decode_verify_and_moe_figures(tmp_path):
   cmd = [
-    sys.executable, "-m", "experiments.bench_hybrid", "--tiny", f"--out={tmp_path}",
+    sys.executable, "-m", "experiments.bench_hybrid", "--shape=tiny", f"--out={tmp_path}",
     "--contexts=64", "--widths=1,4", "--moe_tokens=1,16", "--n_steps=2", "--reps=1",
   ]  # fmt: skip
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -27,3 +27,11 @@ def test_tiny_run_writes_decode_verify_and_moe_figures(tmp_path):
   moe_rows = {(r["tokens"], r["implementation"]) for r in result["moe"]}
   assert moe_rows == {(1, "gather"), (1, "ragged"), (16, "ragged")}  # 16 x 2 > 2 x 8 experts
   assert all(1 <= r["experts_hit"] <= 8 for r in result["moe"])
+
+
+def test_dense_shape_is_a_hybrid_without_experts():
+  from experiments import bench_hybrid
+
+  c = bench_hybrid.hybrid_config(bench_hybrid.DENSE_27B_LIKE)
+  assert not any(c.moe_layers) and c.num_experts == 0
+  assert c.layer_types.count("full_attention") == 16 and len(c.layer_types) == 64
