@@ -34,7 +34,9 @@ from specdec.ops import moe
 
 _OUT = flags.DEFINE_string("out", os.environ.get("OUT", "runs/bench_hybrid"), "output directory")
 _SHAPE = flags.DEFINE_enum(
-  "shape", "qwen3_next", ["qwen3_next", "dense27b", "tiny"],
+  "shape",
+  "qwen3_next",
+  ["qwen3_next", "dense27b", "tiny"],
   "model shape: MoE hybrid, dense-MLP hybrid, or a small MoE hybrid that runs on a CPU (float32)",
 )
 _CONTEXTS = flags.DEFINE_list("contexts", ["1024", "8192"], "committed tokens before the step")

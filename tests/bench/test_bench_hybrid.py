@@ -30,8 +30,11 @@ def test_tiny_run_writes_decode_verify_and_moe_figures(tmp_path):
 
 
 def test_dense_shape_is_a_hybrid_without_experts():
-  from experiments import bench_hybrid
-
-  c = bench_hybrid.hybrid_config(bench_hybrid.DENSE_27B_LIKE)
-  assert not any(c.moe_layers) and c.num_experts == 0
-  assert c.layer_types.count("full_attention") == 16 and len(c.layer_types) == 64
+  """Checked in a child process: a test process loads at most one experiment main's flags."""
+  check = (
+    "from experiments import bench_hybrid as b; c = b.hybrid_config(b.DENSE_27B_LIKE); "
+    "assert not any(c.moe_layers) and c.num_experts == 0; "
+    "assert c.layer_types.count('full_attention') == 16 and len(c.layer_types) == 64"
+  )
+  proc = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
