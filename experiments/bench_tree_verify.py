@@ -5,9 +5,10 @@
 
 Writes OUT/bench_tree_verify.json: per context and width N, the target forward over N positions
 (1) as a chain by the step's default attention path (the Pallas decode kernel on a GPU), (2) as a
-chain through XLA attention (SPECDEC_ATTENTION=xla), (3) as an N-node tree under its mask (XLA:
-the kernel does not take a tree mask), each in microseconds and relative to the width-1 forward.
-(3) / (2) is the mask's own cost, (3) / (1) what a tree pays today. The tree is the breadth-first
+chain through XLA attention (SPECDEC_ATTENTION=xla), (3) as an N-node tree under its mask by the
+default path (on a GPU the kernel over the committed prefix, the node window in jnp), each in
+microseconds and relative to the width-1 forward. (3) / (1) is what a tree pays against a chain of
+its width. The tree is the breadth-first
 binary tree of N nodes (`binary_paths`). Every time is a slope over an on-device loop
 (specdec.bench.timing.per_iteration), so dispatch cancels.
 """

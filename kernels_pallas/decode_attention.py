@@ -15,6 +15,11 @@ wgmma with P in bf16 from registers. It writes unnormalized rows o [TG, H] (f32)
 and sum l; `combine` (one XLA fusion) weighs the ranges by exp2(m - max m) and normalizes. Ranges
 that do not divide the blocks pull the last one back to end at S, its overlap masked.
 
+Draft trees (specdec.ops.attention.TreeMask: node j's K/V at slot root + j; a query sees the
+slots < root and the nodes it marks): the kernel runs as is with every row's limit at root - 1, and
+the n-slot node window is one more range in jnp (`tree_partials`: the kernel's scale and bf16 P,
+the tree's mask) that `combine` merges. A prefix with no slot (root 0) keeps m = MASKED, weight 0.
+
 FP8 caches (E4M3 codes, read as code x k_scale / v_scale) stream as codes, half the bytes; each
 block is widened in SMEM (E4M3 -> f16 -> bf16, exact) before the two wgmma, k_scale joins the
 score scale and v_scale the combine, so no widened copy of the cache is written. head_dim 256 with
@@ -100,11 +105,14 @@ def query_rows(q_BTNH: jax.Array, kv_heads: int) -> tuple[jax.Array, int]:
   return jnp.pad(q_BKRH, ((0, 0), (0, 0), (0, rows - tg), (0, 0))), tg
 
 
+def row_queries(T: int, groups: int, rows: int) -> jax.Array:
+  """The query t of each row r = t G + g [R]; padding rows repeat the last query."""
+  return jnp.minimum(jnp.arange(rows) // groups, T - 1)
+
+
 def row_limits(positions_BT: jax.Array, groups: int, rows: int) -> jax.Array:
-  """The last visible slot of each query row [B, R] (padding rows repeat the last query)."""
-  T = positions_BT.shape[1]
-  t_R = jnp.minimum(jnp.arange(rows) // groups, T - 1)
-  return positions_BT[:, t_R].astype(jnp.int32)
+  """The last visible slot of each query row [B, R]."""
+  return positions_BT[:, row_queries(positions_BT.shape[1], groups, rows)].astype(jnp.int32)
 
 
 def _smem_transforms(dtype, head_dim: int):
@@ -233,35 +241,62 @@ def _kernel_partials(
   )(q_BKRH, k_BSKH, v_BSKH, limit_BR, *(() if score_scale_R is None else (score_scale_R,)))
 
 
+def _masked_partials(q_BKRH, k_BPSKH, v_BPSKH, visible_BPRS, scale):
+  """The online-softmax state of the slots each range p gathers, as the kernel keeps it: scores
+  times `scale` (to the exp2 scale; a float or [R, 1]) where visible, else MASKED, their row max
+  m, exp2 sum l and unnormalized o [B, K, P, R, H] with P in q's dtype. FP8 codes widen exactly."""
+  k_BPSKH, v_BPSKH = (c.astype(q_BKRH.dtype) for c in (k_BPSKH, v_BPSKH))
+  s_BKPRS = (
+    jnp.einsum("BKRH,BPSKH->BKPRS", q_BKRH, k_BPSKH, preferred_element_type=jnp.float32) * scale
+  )
+  s_BKPRS = jnp.where(visible_BPRS[:, None], s_BKPRS, MASKED)
+  m_BKPR = s_BKPRS.max(-1)
+  p_BKPRS = jnp.exp2(s_BKPRS - m_BKPR[..., None])
+  l_BKPR = p_BKPRS.sum(-1)
+  o_BKPRH = jnp.einsum(
+    "BKPRS,BPSKH->BKPRH", p_BKPRS.astype(v_BPSKH.dtype), v_BPSKH, preferred_element_type=jnp.float32
+  )
+  return o_BKPRH, m_BKPR, l_BKPR
+
+
 def reference_partials(
   q_BKRH, k_BSKH, v_BSKH, limit_BR, tg: int, config: TuningConfig, score_scale_R=None
 ):
   """What the kernel writes, in jnp: per range p the unnormalized o [B, K, P, TG, H], and the row
   max m and sum l [B, K, P, R] on the exp2 scale, with the kernel's masks and bf16 P."""
-  B, K, R, H = q_BKRH.shape
-  k_BSKH, v_BSKH = (c.astype(q_BKRH.dtype) for c in (k_BSKH, v_BSKH))  # FP8 codes widen exactly
-  scale = H**-0.5 * LOG2E if score_scale_R is None else score_scale_R[None, None, None, :, None]
-  S = k_BSKH.shape[1]
-  plan = Plan.of(S, config)
+  H = q_BKRH.shape[3]
+  scale = H**-0.5 * LOG2E if score_scale_R is None else score_scale_R[:, None]
+  plan = Plan.of(k_BSKH.shape[1], config)
   bs = config.block_s
   p_P = jnp.arange(plan.splits)
   first_P = plan.first_block(p_P)
   slot_PS = (first_P[:, None] + jnp.arange(plan.per)[None, :]) * bs
   slot_PS = (slot_PS[:, :, None] + jnp.arange(bs)).reshape(plan.splits, plan.per * bs)
-  k_BPSKH, v_BPSKH = (c[:, slot_PS] for c in (k_BSKH, v_BSKH))
-  s_BKPRS = (
-    jnp.einsum("BKRH,BPSKH->BKPRS", q_BKRH, k_BPSKH, preferred_element_type=jnp.float32) * scale
-  )
   lo_P = p_P * plan.per * bs
-  visible = (slot_PS[None, :, None, :] >= lo_P[None, :, None, None]) & (
+  visible_BPRS = (slot_PS[None, :, None, :] >= lo_P[None, :, None, None]) & (
     slot_PS[None, :, None, :] <= limit_BR[:, None, :, None]
-  )  # [B, P, R, S]
-  s_BKPRS = jnp.where(visible[:, None], s_BKPRS, MASKED)
-  m_BKPR = s_BKPRS.max(-1)
-  p_BKPRS = jnp.exp2(s_BKPRS - m_BKPR[..., None])
-  l_BKPR = p_BKPRS.sum(-1)
-  o_BKPRH = jnp.einsum(
-    "BKPRS,BPSKH->BKPRH", p_BKPRS.astype(v_BSKH.dtype), v_BPSKH, preferred_element_type=jnp.float32
+  )
+  o_BKPRH, m_BKPR, l_BKPR = _masked_partials(
+    q_BKRH, k_BSKH[:, slot_PS], v_BSKH[:, slot_PS], visible_BPRS, scale
+  )
+  return o_BKPRH[:, :, :, :tg], m_BKPR, l_BKPR
+
+
+def tree_partials(q_BKRH, k_BSKH, v_BSKH, tree, tg: int, score_scale_R):
+  """A tree's node window as one more range, in jnp: node j's K/V at slot root_B + j (n slots
+  gathered per row), each row seeing the nodes `tree.sees_Tn` marks for its query. The kernel's
+  exp2 scale (`score_scale_R` [R], f32) and bf16 P, so `combine` merges it with its ranges."""
+  B, _, R, _ = q_BKRH.shape
+  T, n = tree.sees_Tn.shape
+  slot_Bn = tree.root_B[:, None] + jnp.arange(n)
+  b_B1 = jnp.arange(B)[:, None]
+  sees_Rn = jnp.asarray(tree.sees_Tn)[row_queries(T, tg // T, R)]
+  o_BKPRH, m_BKPR, l_BKPR = _masked_partials(
+    q_BKRH,
+    k_BSKH[b_B1, slot_Bn][:, None],
+    v_BSKH[b_B1, slot_Bn][:, None],
+    jnp.broadcast_to(sees_Rn, (B, 1, R, n)),
+    score_scale_R[:, None],
   )
   return o_BKPRH[:, :, :, :tg], m_BKPR, l_BKPR
 
@@ -312,22 +347,31 @@ def decode_attention(
   k_scale=1.0,
   v_scale=1.0,
   *,
+  tree=None,
   config: TuningConfig | None = None,
   partials=None,
 ):
-  """attend(q, k, v, positions) through the kernel (or `partials`, e.g. `reference_partials`).
-  FP8 caches hold codes: attention reads code x k_scale / v_scale (specdec.models.transformer's
-  `from_cache`), without widening the cache first; other caches ignore the scales."""
+  """attend(q, k, v, positions, tree=tree) through the kernel (or `partials`, e.g.
+  `reference_partials`). FP8 caches hold codes: attention reads code x k_scale / v_scale
+  (specdec.models.transformer's `from_cache`), without widening the cache first; other caches
+  ignore the scales. A tree (specdec.ops.attention.TreeMask: root_B, sees_Tn; positions unused)
+  leaves the kernel the committed slots < root_B, and `tree_partials` adds its node window."""
   B, T, N, H = q_BTNH.shape
   K = k_BSKH.shape[2]
   q_BKRH, tg = query_rows(q_BTNH, K)
   R = q_BKRH.shape[2]
   config = config or default_config(B, K, k_BSKH.shape[1], tg)
   config.check(k_BSKH.shape[1], H)
+  if tree is not None:
+    positions_BT = jnp.broadcast_to(tree.root_B[:, None] - 1, (B, T))
   limit_BR = row_limits(positions_BT, N // K, R)
   codes = k_BSKH.dtype == FP8
-  extra = (jnp.full((R,), H**-0.5 * LOG2E, jnp.float32) * k_scale,) if codes else ()
+  scale_R = jnp.full((R,), H**-0.5 * LOG2E, jnp.float32) * (k_scale if codes else 1.0)
+  extra = (scale_R,) if codes else ()
   o, m, l = (partials or _kernel_partials)(q_BKRH, k_BSKH, v_BSKH, limit_BR, tg, config, *extra)
+  if tree is not None:
+    window = tree_partials(q_BKRH, k_BSKH, v_BSKH, tree, tg, scale_R)
+    o, m, l = (jnp.concatenate(x, axis=2) for x in zip((o, m, l), window, strict=True))
   return combine(o, m, l, T, q_BTNH.dtype, v_scale if codes else 1.0)
 
 

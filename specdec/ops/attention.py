@@ -44,38 +44,40 @@ def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0, tree=
   kernels_pallas's decode attention on a GPU where it applies (a few queries per kv head; measured
   faster in docs/benchmarks.md; FP8 codes read as they are where SMEM allows, else widened
   first), else `attend_xla`. SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
-  # The kernel masks by position alone, so a tree forward takes the XLA path for now.
-  da = _attention_kernels() if tree is None else None
+  # A tree forward too: the kernel reads the prefix before the root, its node window is in jnp.
+  da = _attention_kernels()
   if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # the caches as stored
     kernel = with_xla_gradient(by_heads(da.decode_attention))
-    return kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale)
+    return kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale, tree=tree)
   k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
   v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
   if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # FP8 codes over SMEM, widened
-    return with_xla_gradient(by_heads(da.decode_attention))(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+    kernel = with_xla_gradient(by_heads(da.decode_attention))
+    return kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, tree=tree)
   return attend_xla(q_BTNH, k_BSKH, v_BSKH, positions_BT, tree)
 
 
 def with_xla_gradient(kernel):
-  """`kernel(q, k, v, positions, [k_scale, v_scale])` forward, `attend_xla`'s gradient backward:
-  a Pallas call has no differentiation rule, and the trainers differentiate through decode-shaped
-  forwards (chained MTP / EAGLE-3 drafting). Caches of FP8 codes and the scales get no gradient."""
+  """`kernel(q, k, v, positions, [k_scale, v_scale], tree=None)` forward, `attend_xla`'s gradient
+  (under the same tree mask) backward: a Pallas call has no differentiation rule, and the trainers
+  differentiate through decode-shaped forwards (chained MTP / EAGLE-3 drafting). Caches of FP8
+  codes, the scales and the tree get no gradient."""
 
   @jax.custom_vjp
-  def attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales):
-    return kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales)
+  def attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, tree, *scales):
+    return kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales, tree=tree)
 
-  def forward(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales):
-    out = kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales)
-    return out, (q_BTNH, k_BSKH, v_BSKH, positions_BT, scales)
+  def forward(q_BTNH, k_BSKH, v_BSKH, positions_BT, tree, *scales):
+    out = kernel(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales, tree=tree)
+    return out, (q_BTNH, k_BSKH, v_BSKH, positions_BT, tree, scales)
 
   def backward(residuals, g_BTNH):
-    q_BTNH, k_BSKH, v_BSKH, positions_BT, scales = residuals
+    q_BTNH, k_BSKH, v_BSKH, positions_BT, tree, scales = residuals
     k_scale, v_scale = scales or (1.0, 1.0)
 
     def reference(q, k, v):
       k, v = from_cache(k, k_scale, q.dtype), from_cache(v, v_scale, q.dtype)
-      return attend_xla(q, k, v, positions_BT)
+      return attend_xla(q, k, v, positions_BT, tree)
 
     if k_BSKH.dtype == FP8:  # codes: only the queries get a gradient
       _, vjp = jax.vjp(lambda q: reference(q, k_BSKH, v_BSKH), q_BTNH)
@@ -83,28 +85,34 @@ def with_xla_gradient(kernel):
     else:
       _, vjp = jax.vjp(reference, q_BTNH, k_BSKH, v_BSKH)
       grads = vjp(g_BTNH)
-    return (*grads, None, *(None for _ in scales))
+    return (*grads, None, None, *(None for _ in scales))
 
   attention.defvjp(forward, backward)
-  return attention
+
+  def call(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales, tree=None):
+    return attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, tree, *scales)
+
+  return call
 
 
 def by_heads(kernel):
-  """`kernel(q, k, v, positions, *scales)` run per device over its own heads when the context mesh
-  (`jax.set_mesh`) has a "tensor" axis > 1: a Pallas call is opaque to XLA's partitioner, and
-  attention needs no reduction across heads (query head n reads kv head n // G, and a contiguous
-  split of N heads over the axis gives each device whole groups). Otherwise the kernel as is."""
+  """`kernel(q, k, v, positions, *scales, tree=None)` run per device over its own heads when the
+  context mesh (`jax.set_mesh`) has a "tensor" axis > 1: a Pallas call is opaque to XLA's
+  partitioner, and attention needs no reduction across heads (query head n reads kv head n // G,
+  and a contiguous split of N heads over the axis gives each device whole groups; a tree is per
+  batch row, replicated). Otherwise the kernel as is."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.shape.get("tensor", 1) == 1:
     return kernel
   heads = P(None, None, "tensor", None)
 
-  def sharded(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales):
+  def sharded(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales, tree=None):
     fn = jax.shard_map(
-      kernel, mesh=mesh, in_specs=(heads, heads, heads, P(), *(P(),) * len(scales)),
+      lambda q, k, v, positions, tree, *scales: kernel(q, k, v, positions, *scales, tree=tree),
+      mesh=mesh, in_specs=(heads, heads, heads, P(), P(), *(P(),) * len(scales)),
       out_specs=heads, check_vma=False,
     )  # fmt: skip
-    return fn(q_BTNH, k_BSKH, v_BSKH, positions_BT, *scales)
+    return fn(q_BTNH, k_BSKH, v_BSKH, positions_BT, tree, *scales)
 
   return sharded
 

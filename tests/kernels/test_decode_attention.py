@@ -4,7 +4,8 @@ The Pallas GPU interpreter has no wgmma, so on a CPU: (1) the split plan covers 
 (2) `combine` over `reference_partials` (the kernel's ranges, masks and bf16 P in jnp) equals
 `attend_xla` within bf16 rounding, including ranges that see no slot at all, (3) the kernel lowers
 to a Mosaic GPU custom call for cuda (the Mosaic GPU dialect lowering runs on a CPU), and (4) the
-model's `attend` keeps XLA off a GPU. `-m gpu` runs the kernel itself (JAX_PLATFORMS=cuda).
+model's `attend` keeps XLA off a GPU. `-m gpu` runs the kernel itself (JAX_PLATFORMS=cuda). Draft
+trees (a `TreeMask`) go through the same checks: the kernel's prefix ranges and the jnp node window.
 """
 
 import jax
@@ -13,8 +14,9 @@ import numpy as np
 import pytest
 
 from kernels_pallas import decode_attention as da
+from specdec.decoding.tree import tree
 from specdec.ops import attention as attention_ops
-from specdec.ops.attention import attend, attend_xla
+from specdec.ops.attention import TreeMask, attend, attend_xla
 
 # Both paths round P (or its normalized form) to bf16 before P V; against an f32 reference each
 # lands near 2e-3 relative error (docs/benchmarks.md), so 1e-2 separates rounding from a bug.
@@ -43,8 +45,8 @@ def rel_err(y, ref):
   return float(jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
 
 
-def f32_reference(q, k, v, pos):
-  return attend_xla(*(a.astype(jnp.float32) for a in (q, k, v)), pos)
+def f32_reference(q, k, v, pos, tree=None):
+  return attend_xla(*(a.astype(jnp.float32) for a in (q, k, v)), pos, tree)
 
 
 @pytest.mark.parametrize("slots,block_s,splits", [(1216, 64, 19), (1216, 64, 8), (512, 128, 3)])
@@ -144,10 +146,9 @@ def fp8_inputs(B, T, N, K, H, S):
   return q, *codes, pos
 
 
-def fp8_reference(q, k, v, pos):
-  return attend_xla(
-    q.astype(jnp.float32), k.astype(jnp.float32) * K_SCALE, v.astype(jnp.float32) * V_SCALE, pos
-  )
+def fp8_reference(q, k, v, pos, tree=None):
+  k, v = k.astype(jnp.float32) * K_SCALE, v.astype(jnp.float32) * V_SCALE
+  return attend_xla(q.astype(jnp.float32), k, v, pos, tree)
 
 
 @pytest.mark.parametrize("B,T,N,K,H,S,config", FP8_CASES)
@@ -192,7 +193,7 @@ def test_model_attention_dispatch_for_fp8_caches(monkeypatch, takes_codes):
       return takes_codes or k.dtype != da.FP8
 
     @staticmethod
-    def decode_attention(q, k, v, pos, *scales):
+    def decode_attention(q, k, v, pos, *scales, tree=None):
       calls.append((k.dtype, scales))
       return q
 
@@ -223,3 +224,101 @@ def test_model_attention_keeps_fp8_codes_on_gpu():
   assert (
     "bf16[1,256,8,128]" not in jax.jit(attend).lower(q, k, v, pos, 1.0, 1.0).compile().as_text()
   )
+
+
+# --- Draft trees: the kernel reads the committed prefix, the node window is one jnp range -------
+
+TREES = {
+  "chain": [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)],
+  "wide": [(r,) for r in range(8)],
+  "deep": [(0,), (1,), *((0,) * d for d in range(2, 9)), (1, 0), (1, 0, 0)],
+  "vllm": [(0,), (1,), (0, 0), (0, 1), (1, 0)],
+}
+TREE_CASES = [
+  # B, N, K, H, S, config, tree. Roots 62 (the window crosses the boundary at slot 64 of 64-slot
+  # ranges), 0 (no committed slot: the kernel's ranges get no weight) and S - n (the cache's end).
+  *((3, 8, 2, 128, 256, da.TuningConfig(64, 4), name) for name in TREES),
+  (1, 32, 8, 128, 1216, None, "vllm"),
+  (1, 24, 4, 64, 192, da.TuningConfig(64, 3), "deep"),
+]
+
+
+def tree_inputs(B, N, K, H, S, name, seed=0):
+  """q over the tree's n nodes, the caches, the RoPE positions root + depth, and the mask."""
+  t = tree(TREES[name])
+  q, k, v, _ = inputs(B, t.size, N, K, H, S, seed)
+  root_B = jnp.asarray([62, 0, S - t.size][:B], jnp.int32)
+  pos = root_B[:, None] + jnp.asarray(t.depths)[None, :]
+  return q, k, v, pos, TreeMask(root_B, np.arange(t.size), t.ancestors)
+
+
+@pytest.mark.parametrize("B,N,K,H,S,config,name", TREE_CASES)
+def test_tree_reference_partials_combine_to_tree_attention(B, N, K, H, S, config, name):
+  q, k, v, pos, mask = tree_inputs(B, N, K, H, S, name)
+  y = da.decode_attention(q, k, v, pos, tree=mask, config=config, partials=da.reference_partials)
+  ref = f32_reference(q, k, v, pos, mask)
+  assert rel_err(y, ref) < TOL
+  assert rel_err(y, ref) < 1.5 * rel_err(attend_xla(q, k, v, pos, mask), ref)  # no worse than XLA's
+
+
+def test_a_tree_forward_over_some_nodes():
+  # specdec.drafters.heads: queries for the nodes with children only, a window without the root.
+  t = tree(TREES["vllm"])
+  q, k, v, _ = inputs(2, 3, 8, 2, 64, 256)
+  q_m = np.asarray([1, 2, 3])
+  mask = TreeMask(jnp.asarray([5, 120], jnp.int32), q_m - 1, t.ancestors[q_m][:, 1:])
+  pos = mask.root_B[:, None] + jnp.asarray(t.depths[q_m])[None, :]
+  y = da.decode_attention(q, k, v, pos, tree=mask, partials=da.reference_partials)
+  assert rel_err(y, f32_reference(q, k, v, pos, mask)) < TOL
+
+
+def test_fp8_tree_reads_codes_times_scales():
+  q, k, v, pos, mask = tree_inputs(3, 8, 2, 64, 256, "vllm", seed=2)
+  k, v = ((x.astype(jnp.float32) * 3).astype(jnp.float8_e4m3fn) for x in (k, v))
+  y = da.decode_attention(
+    q, k, v, pos, K_SCALE, V_SCALE, tree=mask, config=da.TuningConfig(64, 4),
+    partials=da.reference_partials,
+  )  # fmt: skip
+  assert rel_err(y, fp8_reference(q, k, v, pos, mask)) < TOL
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_tree_kernel_lowers_for_cuda_on_cpu(fp8):
+  q, k, v, pos, mask = tree_inputs(3, 8, 2, 128, 256, "vllm")
+  if fp8:
+    k, v = (x.astype(jnp.float8_e4m3fn) for x in (k, v))
+  fn = jax.jit(lambda *a, tree: da.decode_attention(*a, tree=tree))
+  text = jax.export.export(fn, platforms=["cuda"])(q, k, v, pos, tree=mask).mlir_module()
+  assert "mosaic_gpu" in text
+
+
+def test_model_attention_sends_trees_to_the_kernel(monkeypatch):
+  # A stand-in for the GPU's decision: the kernel module (its jnp partials) wherever it applies.
+  calls = []
+
+  class Kernels:
+    supported = staticmethod(lambda q, k, v: True)
+
+    @staticmethod
+    def decode_attention(*args, tree=None):
+      calls.append(tree)
+      return da.decode_attention(*args, tree=tree, partials=da.reference_partials)
+
+  monkeypatch.setattr(attention_ops, "_attention_kernels", lambda: Kernels)
+  q, k, v, pos, mask = tree_inputs(3, 8, 2, 64, 256, "wide")
+  y = attend(q, k, v, pos, tree=mask)
+  assert len(calls) == 1 and np.array_equal(calls[0].root_B, mask.root_B)
+  assert rel_err(y, f32_reference(q, k, v, pos, mask)) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N,K,H,S,config,name", TREE_CASES)
+def test_tree_kernel_matches_reference_on_gpu(B, N, K, H, S, config, name):
+  q, k, v, pos, mask = tree_inputs(B, N, K, H, S, name)
+  assert da.supported(q, k, v)
+  args = (q, k, v, pos)
+  y = da.decode_attention(*args, tree=mask, config=config)
+  y_ref = da.decode_attention(*args, tree=mask, config=config, partials=da.reference_partials)
+  assert rel_err(y, y_ref.astype(jnp.float32)) < TOL
+  assert rel_err(y, f32_reference(q, k, v, pos, mask)) < TOL
+  assert "mosaic_gpu" in jax.jit(attend).lower(q, k, v, pos, tree=mask).as_text()

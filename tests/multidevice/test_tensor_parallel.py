@@ -171,6 +171,26 @@ def test_the_attention_kernel_runs_per_device_over_its_own_heads():
   np.testing.assert_allclose(got, attend_xla(q, k, v, pos), atol=2e-5, rtol=2e-5)
 
 
+def test_a_tree_forward_runs_per_device_with_its_mask_replicated():
+  import functools
+
+  from kernels_pallas import decode_attention as da
+  from specdec.decoding.tree import tree
+  from specdec.ops.attention import TreeMask, attend_xla, by_heads
+
+  t = tree([(0,), (1,), (0, 0)])
+  B, N, K, H, S = 2, 8, 4, 64, 128
+  keys = jax.random.split(jax.random.key(1), 3)
+  q = jax.random.normal(keys[0], (B, t.size, N, H), jnp.float32)
+  k, v = (jax.random.normal(x, (B, S, K, H), jnp.float32) for x in keys[1:])
+  mask = TreeMask(jnp.asarray([0, 70], jnp.int32), np.arange(t.size), t.ancestors)
+  pos = mask.root_B[:, None] + jnp.asarray(t.depths)[None, :]
+  kernel = functools.partial(da.decode_attention, partials=da.reference_partials)
+  with jax.set_mesh(sharding.make_mesh(tensor=2)):
+    got = jax.jit(lambda *a, tree: by_heads(kernel)(*a, tree=tree))(q, k, v, pos, tree=mask)
+  np.testing.assert_allclose(got, attend_xla(q, k, v, pos, mask), atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 def test_compiled_ahead_under_a_mesh_the_run_builds_nothing_more(model, fmt):
   from specdec.decoding import generate as generate_lib

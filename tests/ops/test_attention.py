@@ -1,26 +1,28 @@
 """specdec.ops.attention.with_xla_gradient: a kernel with no differentiation rule becomes
-differentiable, with attend_xla's gradient (the trainers differentiate decode-shaped forwards)."""
+differentiable, with attend_xla's gradient (the trainers differentiate decode-shaped forwards),
+under a draft tree's mask too."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec.ops.attention import attend_xla, with_xla_gradient
+from specdec.decoding.tree import tree
+from specdec.ops.attention import TreeMask, attend_xla, with_xla_gradient
 from specdec.ops.kv_cache import FP8, from_cache
 
 B, T, S, N, K, H = 2, 3, 8, 4, 2, 16
 
 
-def opaque(q, k, v, positions, k_scale=1.0, v_scale=1.0):
+def opaque(q, k, v, positions, k_scale=1.0, v_scale=1.0, tree=None):
   """attend_xla's values through a host callback: no JVP rule, as a Pallas call has none."""
 
-  def host(q, k, v, positions, k_scale, v_scale):
+  def host(q, k, v, positions, k_scale, v_scale, tree):
     k, v = from_cache(k, k_scale, q.dtype), from_cache(v, v_scale, q.dtype)
-    return np.asarray(attend_xla(q, k, v, positions))
+    return np.asarray(attend_xla(q, k, v, positions, tree))
 
   out = jax.ShapeDtypeStruct(q.shape, q.dtype)
-  return jax.pure_callback(host, out, q, k, v, positions, k_scale, v_scale)
+  return jax.pure_callback(host, out, q, k, v, positions, k_scale, v_scale, tree)
 
 
 def inputs(seed=0):
@@ -59,3 +61,19 @@ def test_an_fp8_cache_gives_the_queries_their_gradient_under_jit():
   want = jax.grad(lambda q: attend_xla(q, kw, vw, positions).sum())(q)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   assert float(jnp.abs(got).sum()) > 0
+
+
+def test_a_tree_forward_gets_attend_xla_s_gradient_under_the_tree_mask():
+  q, k, v, _ = inputs()
+  t = tree([(0,), (1,)])
+  mask = TreeMask(jnp.asarray([2, 5], jnp.int32), np.arange(t.size), t.ancestors)
+  positions = mask.root_B[:, None] + jnp.asarray(t.depths)[None, :]
+  kernel = with_xla_gradient(opaque)
+
+  def loss(attention):
+    return lambda q, k, v: attention(q, k, v, positions, tree=mask).sum()
+
+  got = jax.jit(jax.grad(loss(kernel), (0, 1, 2)))(q, k, v)
+  want = jax.grad(loss(attend_xla), (0, 1, 2))(q, k, v)
+  for g, r in zip(got, want, strict=True):
+    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
