@@ -81,6 +81,26 @@ def _tree_plan(model, drafter, k, tree, mode):
   return t, t.depth
 
 
+def _auto_budget(drafter, k, tree, budget) -> budget_lib.Budget:
+  """The budget of k="auto" (chain tiers, default `DEFAULT_TIERS`) or tree="auto" (nested tree
+  tiers, default `DEFAULT_TREE_TIERS`), validated."""
+  if tree is not None and k is not None:
+    raise ValueError(
+      f"k={k!r} with tree={tree!r}: tree='auto' chooses among trees (their depths are k), "
+      "k='auto' among chains; give one"
+    )
+  if drafter is None or drafter.name == "null":
+    arg = "k='auto'" if tree is None else "tree='auto'"
+    raise ValueError(f"{arg} needs a drafter: without drafts there is no budget to choose")
+  default = budget_lib.DEFAULT_TIERS if tree is None else budget_lib.DEFAULT_TREE_TIERS
+  budget = budget or budget_lib.Budget(tiers=default)
+  budget.validate()
+  if budget.is_tree != (tree is not None):
+    want = "tree='auto'" if budget.is_tree else "k='auto'"
+    raise ValueError(f"budget tiers {budget.spec()} run with {want}")
+  return budget
+
+
 def _prompt_ids(model, prompts) -> list[list[int]]:
   if isinstance(prompts, str):
     prompts = [prompts]
@@ -97,12 +117,12 @@ def _prompt_ids(model, prompts) -> list[list[int]]:
 class _Plan:
   """What generate runs, fixed before anything compiles: the step, the shapes, the inputs."""
 
-  sc: StepConfig  # at k="auto", the largest tier's
+  sc: StepConfig  # at k="auto" or tree="auto", the largest tier's
   mode: Mode  # as asked; sc.mode is the compiled one (`reject` runs as a flag, accept.base_mode)
   ids: list
   bucket: int
   slots: int
-  budget: budget_lib.Budget | None  # k="auto": its tiers; None: the fixed k of sc
+  budget: budget_lib.Budget | None  # k="auto" or tree="auto": its tiers; None: sc's k or tree
 
   @property
   def batch(self) -> int:
@@ -118,19 +138,17 @@ def _plan(
   sampling.validate()
   mode = acceptance or ("greedy" if sampling.greedy else "onehot")
   validate_mode(mode, sampling)
-  auto = k == "auto"
-  if auto and tree is not None:
-    raise ValueError("k='auto' with tree= is not supported yet: give the tree alone")
-  if tree is not None:
-    tree, k = _tree_plan(model, drafter, k, tree, base_mode(mode, sampling))
+  auto = k == "auto" or (isinstance(tree, str) and tree == "auto")
   if auto:
-    if drafter is None or drafter.name == "null":
-      raise ValueError("k='auto' needs a drafter: without drafts there is no budget to choose")
-    budget = budget or budget_lib.Budget()
-    budget.validate()
+    budget = _auto_budget(drafter, k, tree, budget)
     k = budget.k_max
+    if budget.is_tree:  # each tier refused as a fixed tree would be; sc runs the largest
+      for t in budget.tiers:
+        tree, k = _tree_plan(model, drafter, None, t, base_mode(mode, sampling))
   elif budget is not None:
-    raise ValueError(f"budget= chooses the tiers of k='auto', got k={k!r}")
+    raise ValueError(f"budget= chooses the tiers of k='auto' or tree='auto', got k={k!r}")
+  elif tree is not None:
+    tree, k = _tree_plan(model, drafter, k, tree, base_mode(mode, sampling))
   if drafter is None:
     drafter, k = null(), 0 if k is None else k
   k = 4 if k is None else k
@@ -151,9 +169,11 @@ def _plan(
   except ValueError as e:
     if not auto:
       raise
-    raise ValueError(f"k='auto': the largest budget tier, k={k}, does not fit: {e}") from None
-  for tier in budget.tiers if auto else (k,):
-    drafter.validate(model.config, tier, slots)
+    raise ValueError(
+      f"{budget.arg}: the largest budget tier, {budget.label(-1)}, does not fit: {e}"
+    ) from None
+  for tier_k in budget.depths if auto else (k,):
+    drafter.validate(model.config, tier_k, slots)
   kv_dtype = model.kv_dtype if kv_dtype is None else check_kv_dtype(kv_dtype)
   memory.check_fits(model, drafter, k, B, bucket, slots, kv_dtype, memory_fraction)
 
@@ -249,6 +269,10 @@ def generate(
   draft_lm, mtp, eagle3); dense targets only.
   k="auto" chooses among the tiers of `budget` (default `budget.Budget()`: k in 1, 2, 4, 8) on the
   device before every step, by expected tokens per second (docs/design.md, "Adaptive budget").
+  tree="auto" does the same among nested trees (leave k out): `budget.Budget(tiers=(PATHS, ...))`,
+  each tier's paths a subset of the next's, default `budget.DEFAULT_TREE_TIERS` (the breadth-first
+  binary trees of 2, 4, 8 and 16 drafted nodes). Stats name a tier by its drafted tokens per step
+  (`tiers`, `k_trace`), a tree tier's PATHS in `tier_trees`.
   step_costs: the seconds a step takes at each tier; None measures them on this device (once per
   conditions; `step_costs.cost_curve` caches them on disk, before the decode's clock starts).
   """
@@ -320,11 +344,14 @@ def generate(
   # the loop's loop_steps steps finished that share of the way through the decode wall time.
   share_B = steps_B / loop_steps if loop_steps else np.zeros(B)
   finish_s = (t1 - t0) + (t2 - t1) * share_B
+  tree_stat = None if sc.tree is None else [list(p) for p in sc.tree.paths]
+  if plan.budget and plan.budget.is_tree:
+    tree_stat = "auto"
   stats = {
     "method": drafter.name,
     "k": k,
-    "tree": None if sc.tree is None else [list(p) for p in sc.tree.paths],
-    "verify_width": k + 1 if sc.tree is None else sc.tree.size,  # tokens each verify feeds
+    "tree": tree_stat,
+    "verify_width": k + 1 if sc.tree is None else sc.tree.size,  # the largest tier's under auto
     "acceptance": mode,
     "batch": B,
     "prompt_tokens": [len(p) for p in ids],

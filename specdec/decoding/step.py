@@ -180,6 +180,12 @@ def emit_counts(n_acc_B, emit_BT, budget_B, done_B, eos_ids: tuple[int, ...]):
 
 def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
   """One draft -> verify -> accept -> commit step over every row (done rows change nothing)."""
+  return step_path(params, draft_params, st, sc)[0]
+
+
+def step_path(params, draft_params, st: DecodeState, sc: StepConfig):
+  """`step`, and the accepted path [B, k+1]: its node at each depth, the root first (a chain's
+  are 0..k; entries past a row's accepted count meaningless). tree="auto" learns from it."""
   B, S = st.tokens.shape
   k, tree = sc.k, sc.tree
   b_B = jnp.arange(B)
@@ -218,6 +224,7 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
       n_acc_B, emit_BT = accept(
         k_accept, out.logits, draft_BJ, q_BJV, sc.sampling, sc.mode, reject=st.reject
       )
+      path_BT = jnp.broadcast_to(jnp.arange(k + 1, dtype=jnp.int32), (B, k + 1))
     else:
       n_acc_B, emit_BT, path_BT = accept_tree(
         k_accept, out.logits, draft_BJ, tree, sc.sampling, sc.mode, reject=st.reject
@@ -259,7 +266,7 @@ def step(params, draft_params, st: DecodeState, sc: StepConfig) -> DecodeState:
       accept_hist=hist,
       censored_hist=censored,
       emitted_by_bucket=emitted,
-    )
+    ), path_BT
 
 
 @functools.partial(jax.jit, static_argnames=("sc", "n_steps"), donate_argnames=("st",))

@@ -1,14 +1,14 @@
-"""The cost curve t_step(k) that k="auto" divides by: measured once, cached on disk.
+"""The cost curve t_step that k="auto" and tree="auto" divide by: measured once, cached on disk.
 
-`measure` times the compiled decode chunk at each tier on whatever backend is present: a
-prefilled batch at a given context and cache size, `n_steps` steps in one on-device loop per
-call, every draft rejected (so each call does the same work at the same context), the first call
-(compile and warm-up) discarded, the median of `reps` calls divided by n_steps. Acceptance runs
-greedy. Under a mesh it times the sharded step `generate` runs there (the target's params and
-the state placed as `generate` places them, the chunk under the mesh). `cost_curve` keys the
-result by everything that changes it (target config, drafter, device kind, mesh shape, batch,
-dtypes, tiers, slots, context) and keeps it as a JSON file under the user cache directory, so the
-next decode of those conditions loads it.
+`measure` times the compiled decode chunk at each tier (a chain's k or a tree, each its own step) on
+whatever backend is present: a prefilled batch at a given context and cache size, `n_steps` steps in
+one on-device loop per call, every draft rejected (so each call does the same work at the same
+context), the first call (compile and warm-up) discarded, the median of `reps` calls divided by
+n_steps. Acceptance runs greedy. Under a mesh it times the sharded step `generate` runs there (the
+target's params and the state placed as `generate` places them, the chunk under the mesh).
+`cost_curve` keys the result by everything that changes it (target config, drafter, device kind,
+mesh shape, batch, dtypes, tiers, slots, context) and keeps it as a JSON file under the user cache
+directory, so the next decode of those conditions loads it.
 """
 
 import contextlib
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec import sharding, xla_env
-from specdec.decoding.budget import Budget
+from specdec.decoding.budget import Budget, tier_configs
 from specdec.decoding.step import StepConfig, decode_chunk, prefill
 from specdec.ops.sampling import Sampling
 
@@ -62,7 +62,7 @@ def cache_key(
     "batch": batch,
     "dtype": jnp.dtype(model.dtype).name,
     "kv_dtype": jnp.dtype(kv_dtype or model.dtype).name,
-    "tiers": list(budget.tiers),
+    "tiers": budget.spec(),
     "slots": slots,
     "context": context,
   }
@@ -76,12 +76,13 @@ def measure(
   whose context holds `context` tokens (fewer steps than n_steps where the slots run out); under
   `mesh` (a `sharding.make_mesh` mesh), of the step partitioned over it."""
   budget.validate()
-  n_steps = min(n_steps, slots - context - budget.k_max - 2)
+  width = max(budget.sizes)  # the slots the largest tier's verify writes after the newest token
+  n_steps = min(n_steps, slots - context - width - 2)
   if batch < 1 or context < 1 or n_steps < 1 or reps < 1:
     raise ValueError(
       f"measure needs batch, context, reps >= 1 and room for a step after the context in the "
       f"slots, got batch={batch}, context={context}, reps={reps}, slots={slots} at "
-      f"k={budget.k_max}"
+      f"{budget.label(-1)}"
     )
   rng = np.random.default_rng(0)
   bucket = 1 << (context - 1).bit_length()  # the prefill's bucket only shapes the first call
@@ -96,8 +97,8 @@ def measure(
     lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), sharding.replicated(mesh))
   seconds = []
   with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
-    for k in budget.tiers:
-      sc = StepConfig(model.config, model.dtype, drafter, k, Sampling(), "greedy", (), kv_dtype)
+    base = StepConfig(model.config, model.dtype, drafter, 0, Sampling(), "greedy", (), kv_dtype)
+    for i, sc in enumerate(tier_configs(base, budget)):
       times = []
       for _ in range(reps + 1):
         st = prefill(
@@ -111,7 +112,7 @@ def measure(
         st = jax.block_until_ready(decode_chunk(model.params, drafter.params, st, sc, n_steps))
         times.append(time.perf_counter() - t0)
         if int(np.asarray(st.steps).min()) != n_steps:
-          raise RuntimeError(f"measure: the k={k} chunk stopped before {n_steps} steps")
+          raise RuntimeError(f"measure: the {budget.label(i)} chunk stopped before {n_steps} steps")
       seconds.append(float(np.median(times[1:])) / n_steps)
   return np.asarray(seconds)
 

@@ -46,32 +46,31 @@ def baseline(model):
 
 
 def test_expected_tokens_follow_the_survival_sum():
-  alpha_BJ = jnp.asarray([[1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
-  e = np.asarray(budget_lib.expected_tokens(alpha_BJ, (1, 2, 4)))
+  alpha_BJo = jnp.asarray([[1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]])[..., None]  # rank 0 only
+  e = np.asarray(budget_lib.expected_tokens(alpha_BJo, SMALL))
   np.testing.assert_allclose(e, [[2, 3, 5], [1.5, 1.75, 1.9375]])
 
 
 def test_choice_maximises_the_running_rows_goodput():
-  alpha_BJ = jnp.asarray([[0.9] * 4, [0.0] * 4])
+  alpha_BJo = jnp.asarray([[0.9] * 4, [0.0] * 4])[..., None]
   costs = jnp.asarray([1.0, 1.1, 1.2])
-  both = budget_lib.choose(alpha_BJ, jnp.asarray([True, True]), costs, (1, 2, 4))
+  both = budget_lib.choose(alpha_BJo, jnp.asarray([True, True]), costs, SMALL)
   # Summed E: (1.9 + 1, 2.71 + 1, 4.44 + 1) / costs = 2.9, 3.37, 4.53: tier 4.
   assert int(both) == 2
   # The good row done: the other's E is 1 at every tier, so the cheapest wins.
-  assert int(budget_lib.choose(alpha_BJ, jnp.asarray([False, True]), costs, (1, 2, 4))) == 0
+  assert int(budget_lib.choose(alpha_BJo, jnp.asarray([False, True]), costs, SMALL)) == 0
   # A steep curve makes the same estimates pick a short draft.
   steep = jnp.asarray([1.0, 1.6, 3.0])
-  assert int(budget_lib.choose(alpha_BJ, jnp.asarray([True, False]), steep, (1, 2, 4))) == 0
+  assert int(budget_lib.choose(alpha_BJo, jnp.asarray([True, False]), steep, SMALL)) == 0
 
 
 def test_observe_moves_judged_positions_and_pulls_the_rest():
   bud = Budget(tiers=(1, 2, 4), decay=0.5, prior=0.5)
   b = jax.tree.map(jnp.asarray, budget_lib.init_state(2, bud, slots=8))
-  # Tier index 1 (k = 2): row 0 accepted 1 of 2 drafts, row 1 is done.
-  out = budget_lib.observe(
-    b, 1, jnp.int32(2), jnp.asarray([True, False]), jnp.asarray([1, 0]), bud
-  )  # fmt: skip
-  a = np.asarray(out.alpha_BJ)
+  # Tier index 1 (k = 2): row 0 accepted 1 of 2 drafts, row 1 is done. A chain's path is 0..k.
+  path_BT = jnp.broadcast_to(jnp.arange(5, dtype=jnp.int32), (2, 5))
+  out = budget_lib.observe(b, 1, jnp.asarray([True, False]), jnp.asarray([1, 0]), path_BT, bud)
+  a = np.asarray(out.alpha_BJo[..., 0])
   # Row 0: draft 1 accepted (0.75), draft 2 rejected (0.25); drafts 3, 4 halfway to 0.25.
   np.testing.assert_allclose(a[0], [0.75, 0.25, 0.375, 0.375])
   np.testing.assert_allclose(a[1], [0.5] * 4)  # a done row learns nothing
@@ -255,7 +254,9 @@ def test_auto_without_a_drafter_and_tiers_without_auto_are_refused(model):
     specdec.generate(model, PROMPTS, k="auto")
   with pytest.raises(ValueError, match="k='auto' needs a drafter"):
     specdec.generate(model, PROMPTS, drafter=specdec.drafters.null(), k="auto")
-  with pytest.raises(ValueError, match="budget= chooses the tiers of k='auto', got k=4"):
+  with pytest.raises(
+    ValueError, match="budget= chooses the tiers of k='auto' or tree='auto', got k=4"
+  ):
     specdec.generate(model, PROMPTS, drafter=ngram(), k=4, budget=SMALL)
   with pytest.raises(ValueError, match="or 'auto', got k='four'"):
     specdec.generate(model, PROMPTS, drafter=ngram(), k="four")
@@ -280,3 +281,118 @@ def test_a_drafter_whose_state_follows_k_is_refused(model):
     r"\(3, 0\)",
   ):
     specdec.generate(model, PROMPTS, drafter=Remembers(), k="auto", budget=SMALL, step_costs=COSTS)
+
+
+# --- tree="auto": nested tree tiers --------------------------------------------------------------
+
+# Nested: (0,) ; + (1,) (0, 0) ; + (0, 1). The largest numbers the nodes 1:(0,) 2:(1,) 3:(0,0)
+# 4:(0,1): two depths, two ranks.
+NESTED = Budget(tiers=([(0,)], [(0,), (1,), (0, 0)], [(0,), (1,), (0, 0), (0, 1)]), decay=0.5)
+# Nested, but (0, 0) is node 2 of the first tier and node 3 of the others: a step's path is
+# renumbered into the largest tier's nodes.
+RENUMBERED = ([(0,), (0, 0)], [(0,), (1,), (0, 0)], [(0,), (1,), (0, 0), (0, 1)])
+
+
+def test_tree_tiers_number_their_nodes_as_the_largest_does():
+  bud = Budget(tiers=RENUMBERED)
+  assert [i.tolist() for i in bud.index_in_largest] == [[0, 1, 3], [0, 1, 2, 3], [0, 1, 2, 3, 4]]
+  assert bud.kids_Nn.tolist() == [[1, 1, 0, 0, 0], [2, 1, 0, 0, 0], [2, 2, 0, 0, 0]]
+  assert bud.width_NJ.tolist() == [[1, 1], [2, 1], [2, 2]]
+  assert (bud.sizes, bud.depths, bud.k_max) == ([2, 3, 4], [2, 2, 2], 2)
+
+
+def test_tree_tiers_expect_the_sum_of_their_nodes_path_products():
+  alpha_BJo = jnp.asarray([[[0.5, 0.25], [0.5, 0.1]]])
+  e = np.asarray(budget_lib.expected_tokens(alpha_BJo, NESTED))
+  # (0,) 0.5; (1,) 0.25; (0, 0) 0.5 * 0.5; (0, 1) 0.5 * 0.1.
+  np.testing.assert_allclose(e, [[1.5, 2.0, 2.05]])
+
+
+def test_the_tree_choice_follows_acceptance():
+  bud = Budget(tiers=budget_lib.DEFAULT_TREE_TIERS)
+  J, o = bud.k_max, bud.shapes[-1].children.shape[1]
+  flat, running = jnp.asarray([1.0, 1.05, 1.1, 1.2]), jnp.asarray([True])
+  high, low = jnp.full((1, J, o), 0.9), jnp.full((1, J, o), 0.05)
+  assert int(budget_lib.choose(high, running, flat, bud)) == 3  # 16 nodes
+  assert int(budget_lib.choose(low, running, flat, bud)) == 0  # 2 nodes
+
+
+def test_observe_moves_judged_tree_nodes_and_pulls_the_undrafted():
+  b = jax.tree.map(jnp.asarray, budget_lib.init_state(2, NESTED, slots=8))
+
+  def at(b, tier, running, n_acc, path):
+    args = jnp.asarray(running), jnp.asarray(n_acc), jnp.asarray(path, jnp.int32)
+    return budget_lib.observe(b, tier, *args, NESTED)
+
+  # Tier 0, the chain (0,): row 0 accepts it, row 1 is done. Judged: (depth 1, rank 0), hit.
+  # Undrafted: rank 1 at depth 1 halfway to rank 0's 0.75, depth 2 halfway to depth 1's ranks.
+  b = at(b, 0, [True, False], [1, 0], [[0, 1, 1], [0, 0, 0]])
+  np.testing.assert_allclose(b.alpha_BJo[0], [[0.75, 0.625], [0.625, 0.5625]])
+  np.testing.assert_allclose(b.alpha_BJo[1], np.full((2, 2), 0.5))  # a done row learns nothing
+  # Tier 1: row 0 accepts (0,) then (0, 0): both root children judged (rank 0 hit), node 1's
+  # one child in the tier judged and hit; rank 1 at depth 2 (not in tier 1) pulled to rank 0's.
+  # Row 1 accepts nothing: the root's children missed, depth 2 not reached.
+  b = at(b, 1, [True, True], [2, 0], [[0, 1, 3], [0, 0, 0]])
+  np.testing.assert_allclose(b.alpha_BJo[0], [[0.875, 0.3125], [0.8125, 0.6875]])
+  np.testing.assert_allclose(b.alpha_BJo[1], [[0.25, 0.25], [0.5, 0.5]])
+  # Tier 2 (the largest, nothing to pull): row 0 accepts (1,), a leaf; depth 2 stays.
+  b = at(b, 2, [True, False], [1, 0], [[0, 2, 2], [0, 0, 0]])
+  np.testing.assert_allclose(b.alpha_BJo[0], [[0.4375, 0.65625], [0.8125, 0.6875]])
+  assert np.asarray(b.reached_BJ).tolist() == [[3, 1], [1, 0]]
+  assert np.asarray(b.accepted_BJ).tolist() == [[3, 1], [0, 0]]
+  assert np.asarray(b.tier_hist_BN).tolist() == [[1, 1, 1], [0, 1, 0]]
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft_other"])
+def test_greedy_tree_auto_is_token_identical_to_the_baseline(model, baseline, kind):
+  # ngram on the default family; draft_lm on a small one given as PATHS.
+  kw = dict(step_costs=(1.0, 1.05, 1.1, 1.2))
+  if kind == "draft_other":
+    kw = dict(budget=Budget(tiers=RENUMBERED), step_costs=(1.0, 1.1, 1.2))
+  out = specdec.generate(
+    model, PROMPTS, max_new_tokens=24, drafter=_drafter(kind, model), tree="auto", **kw
+  )
+  assert out.tokens == baseline
+  s = out.stats
+  sizes = [2, 4, 8, 16] if kind == "ngram" else [2, 3, 4]
+  assert (s["k"], s["tree"], s["tiers"]) == ("auto", "auto", sizes)
+  assert len(s["tier_trees"]) == len(sizes)
+  assert sum(s["tier_hist"]) == s["steps"] == sum(s["rows"]["steps"])
+  assert len(s["k_trace"]) == s["loop_steps"] and set(s["k_trace"]) <= set(sizes)
+  assert len(set(s["k_trace"])) > 1  # the choice moved: more than one tier's step ran
+
+
+@pytest.mark.parametrize(
+  "tiers, match",
+  [
+    (([(0,), (1,)], [(0,), (0, 0)]), r"tiers\[0\] is not nested in tiers\[1\]: its path \(1,\)"),
+    (([(0,)], [(0,)]), r"tiers\[1\] adds no node to tiers\[0\]"),
+    ((1, [(0,), (1,)]), "integers >= 1 \\(chains\\) or trees"),
+  ],
+)  # fmt: skip
+def test_tree_tiers_that_do_not_nest_are_refused(model, tiers, match):
+  with pytest.raises(ValueError, match=match):
+    specdec.generate(model, PROMPTS, drafter=ngram(), tree="auto", budget=Budget(tiers=tiers))
+
+
+def test_tree_auto_arguments_are_refused_by_name(model):
+  with pytest.raises(ValueError, match=r"budget tiers\[1\]: tree: path \(0, 1\) has no sibling"):
+    Budget(tiers=([(0,)], [(0,), (0, 1)]))
+  with pytest.raises(ValueError, match="tree='auto' chooses among trees"):
+    specdec.generate(model, PROMPTS, drafter=ngram(), tree="auto", k=2)
+  with pytest.raises(ValueError, match=r"budget tiers \[1, 2, 4\] run with k='auto'"):
+    specdec.generate(model, PROMPTS, drafter=ngram(), tree="auto", budget=SMALL)
+  with pytest.raises(ValueError, match=r"budget tiers \[\[\[0\]\].* run with tree='auto'"):
+    specdec.generate(model, PROMPTS, drafter=ngram(), k="auto", budget=NESTED)
+  with pytest.raises(ValueError, match="tree='auto' needs a drafter"):
+    specdec.generate(model, PROMPTS, tree="auto")
+
+
+def test_the_cost_curve_of_tree_tiers(tmp_path):
+  small = tiny_model(num_hidden_layers=1)
+  bud = Budget(tiers=([(0,)], [(0,), (1,), (0, 0)]))
+  seconds = step_costs_lib.cost_curve(small, ngram(), bud, 2, 128, 16, cache_dir=tmp_path,
+                                      n_steps=4, reps=2)  # fmt: skip
+  assert seconds.shape == (2,) and np.all(np.isfinite(seconds) & (seconds > 0))
+  (saved,) = tmp_path.glob("*.json")
+  assert json.loads(saved.read_text())["key"]["tiers"] == [[[0]], [[0], [1], [0, 0]]]
