@@ -66,10 +66,15 @@ def build(
   return trained
 
 
-def side_by_side(cmds: dict[str, list[str]], jobs: int, log_dir: str, env=None) -> list[str]:
+def side_by_side(
+  cmds: dict[str, list[str]], jobs: int, log_dir: str, env=None, retry_alone: bool = True
+) -> list[str]:
   """Runs each command (by name) as its own process, `jobs` at a time, logging to
   log_dir/NAME.log: the drafters of a build share one device once the target and the data exist.
-  Returns the names whose process failed."""
+  With retry_alone, a command that failed beside others runs again alone once they are done
+  (logging to NAME.retry.log; a trainer resumes from its checkpoint): sharing a device's memory
+  is the usual cause (on an 80 GB card, 7 drafters at once ran two out of memory). Returns the
+  names whose process failed (alone, with retry_alone)."""
   os.makedirs(log_dir, exist_ok=True)
   pending, running, failed = list(cmds), {}, []
   while pending or running:
@@ -86,4 +91,7 @@ def side_by_side(cmds: dict[str, list[str]], jobs: int, log_dir: str, env=None) 
         del running[name]
         print(f"zoo: {name} exited with {proc.returncode}", flush=True)
         failed += [name] if proc.returncode else []
-  return failed
+  if not (retry_alone and jobs > 1 and failed):
+    return failed
+  again = {f"{name}.retry": cmds[name] for name in failed}
+  return [name.removesuffix(".retry") for name in side_by_side(again, 1, log_dir, env, False)]

@@ -89,7 +89,7 @@ def test_side_by_side_runs_jobs_at_a_time_logs_each_and_names_failures(tmp_path)
     return [sys.executable, "-c", script]
 
   cmds = {"a": cmd("a", 0), "b": cmd("b", 3), "c": cmd("c", 0)}
-  assert zoo.side_by_side(cmds, 2, str(tmp_path)) == ["b"]
+  assert zoo.side_by_side(cmds, 2, str(tmp_path), retry_alone=False) == ["b"]
   spans = {}
   for name in cmds:
     words = (tmp_path / f"{name}.log").read_text().split()
@@ -97,3 +97,21 @@ def test_side_by_side_runs_jobs_at_a_time_logs_each_and_names_failures(tmp_path)
     spans[name] = (float(words[1]), float(words[2]))
   assert spans["a"][0] < spans["b"][1] and spans["b"][0] < spans["a"][1]  # a and b overlap
   assert spans["c"][0] >= min(spans["a"][1], spans["b"][1])  # c waited for a free slot
+
+
+def test_side_by_side_reruns_a_failure_alone_and_names_what_failed_again(tmp_path):
+  import sys
+
+  def cmd(name, fail_first: bool):  # fails on its first run only, or always
+    marker = tmp_path / f"{name}.ran"
+    script = (
+      f"import pathlib, sys; m = pathlib.Path({str(marker)!r}); first = not m.exists(); "
+      f"m.touch(); print('{name}'); sys.exit(3 if first or not {fail_first} else 0)"
+    )
+    return [sys.executable, "-c", script]
+
+  fine = [sys.executable, "-c", "print('fine')"]
+  cmds = {"flaky": cmd("flaky", True), "broken": cmd("broken", False), "fine": fine}
+  assert zoo.side_by_side(cmds, 3, str(tmp_path)) == ["broken"]
+  assert (tmp_path / "flaky.retry.log").read_text().strip() == "flaky"  # rerun, alone, passed
+  assert (tmp_path / "broken.retry.log").exists() and not (tmp_path / "fine.retry.log").exists()
