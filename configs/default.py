@@ -40,7 +40,9 @@ def get_config():
   c.ks = (1, 2, 4)
   # Static draft trees, beside the chains of ks, for every method that drafts trees (a method
   # that cannot is refused by name): presets of specdec/lab/trees.py or tuples of paths such as
-  # ((0,), (1,), (0, 0)); none here (configs/trees.py sweeps them).
+  # ((0,), (1,), (0, 0)), or "auto": tree="auto" among config.budget_tree_tiers (presets or
+  # paths, nested; default the library's binary trees of 2, 4, 8, 16 nodes); none here
+  # (configs/trees.py sweeps them).
   c.trees = ()
   # Context lengths up to the zoo target's 2048 positions (prompt + max_new_tokens + k + 1 fit).
   # 0: prompts as they are; > 0: documents cut, other prompts extended with real text, to it.

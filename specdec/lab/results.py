@@ -57,9 +57,11 @@ ROW_FIELDS: dict[str, Field] = {
     "str",
     False,
     "a static draft tree's label (specdec.lab.trees: a preset's name, or its paths as JSON), k "
-    "its depth; null: a chain of k drafts",
+    "its depth; 'auto' (k 'auto' too): chosen on the device among `tier_trees`; null: a chain",
   ),
-  "tree_paths": _F("list", False, "the tree's paths of child ranks, in node order; null: a chain"),
+  "tree_paths": _F(
+    "list", False, "the tree's paths of child ranks, in node order; null: a chain or tree 'auto'"
+  ),
   "verify_width": _F(
     "int", False, "tokens each verify feeds the target: k+1 for a chain, a tree's nodes (root too)"
   ),
@@ -111,7 +113,10 @@ ROW_FIELDS: dict[str, Field] = {
   "alpha": _F("float", False, "per-token acceptance, truncated-geometric MLE (metrics.alpha_mle)"),
   "predicted_tau": _F("float", False, "Leviathan (1 - alpha^(k+1)) / (1 - alpha)"),
   # k = 'auto' only (specdec.decoding.budget): the tiers, how often each ran, exact position counts.
-  "tiers": _F("list", False, "k='auto': the draft lengths it chose among"),
+  "tiers": _F(
+    "list", False, "k='auto': the draft lengths it chose among; tree 'auto': each tier's nodes"
+  ),
+  "tier_trees": _F("list", False, "tree 'auto': each tier's paths of child ranks"),
   "tier_hist": _F("list", False, "k='auto': [n_tiers] row-steps run at each tier"),
   "position_offered": _F("list", False, "k='auto': [k_max] steps whose tier drafted position i"),
   "position_reached": _F("list", False, "k='auto': [k_max] steps that judged draft i"),

@@ -104,7 +104,9 @@ class Cell:
   kv_dtype: str
   batch: int
   sample_seed: int  # an entry of config.seeds; greedy cells carry the first
-  tree: str | None = None  # a static tree's label (specdec.lab.trees), k its depth; None: a chain
+  # A static tree's label (specdec.lab.trees), k its depth; "auto" (k "auto" too): tree="auto"
+  # among config.budget_tree_tiers; None: a chain.
+  tree: str | None = None
 
   @property
   def baseline(self) -> "Cell":
@@ -126,25 +128,49 @@ LEG_SEED_STRIDE = 1000  # a leg's batches take seeds seed + i, i < n_prompts
 SAMPLE_SEED_STRIDE = 1_000_000
 
 
-def budget_of(cfg) -> budget_lib.Budget:
-  """The tiers a k="auto" cell chooses among (config.budget_tiers, else the library's)."""
-  return budget_lib.Budget(tiers=tuple(cfg.get("budget_tiers", budget_lib.DEFAULT_TIERS)))
+def budget_of(cfg, trees: bool = False) -> budget_lib.Budget:
+  """The tiers a k="auto" cell chooses among (config.budget_tiers, else the library's), or with
+  `trees` a tree="auto" cell (config.budget_tree_tiers: presets or PATHS, else the library's)."""
+  if not trees:
+    return budget_lib.Budget(tiers=tuple(cfg.get("budget_tiers", budget_lib.DEFAULT_TIERS)))
+  specs = cfg.get("budget_tree_tiers", ())
+  tiers = tuple(trees_lib.resolve(t)[1] for t in specs) or budget_lib.DEFAULT_TREE_TIERS
+  return budget_lib.Budget(tiers=tiers)
 
 
-def widest_k(cfg, k: int | str) -> int:
-  """The verify width a cell's caches must hold: its k, or the largest tier of k="auto"."""
-  return budget_of(cfg).k_max if k == "auto" else k
+def cell_budget(cfg, cell: "Cell") -> budget_lib.Budget | None:
+  """The budget an auto cell chooses among; None for a fixed k or tree."""
+  return budget_of(cfg, cell.tree == "auto") if cell.k == "auto" else None
+
+
+def widest_k(cfg, cell: "Cell") -> int:
+  """The verify depth a cell's caches must hold: its k, or the deepest tier of an auto cell."""
+  budget = cell_budget(cfg, cell)
+  return budget.k_max if budget else cell.k
 
 
 def written_slots(cfg, cell: "Cell") -> int:
   """Slots a verify of the cell writes after the newest token: its widest k, a tree's n - 1."""
-  return widest_k(cfg, cell.k) if cell.tree is None else trees_lib.resolve(cell.tree)[1].size - 1
+  if cell.tree == "auto":
+    return max(budget_of(cfg, True).sizes)
+  return widest_k(cfg, cell) if cell.tree is None else trees_lib.resolve(cell.tree)[1].size - 1
 
 
-def tree_axis(cfg) -> list[tuple[str, int]]:
-  """(label, depth) of each config.trees entry, in order; a bad spec is a SweepError naming it."""
+def cell_trees(cfg, cell: "Cell") -> list:
+  """The trees a cell verifies: its static tree, every tier of tree="auto", none for a chain."""
+  if cell.tree == "auto":
+    return list(budget_of(cfg, True).tiers)
+  return [] if cell.tree is None else [trees_lib.resolve(cell.tree)[1]]
+
+
+def tree_axis(cfg) -> list[tuple[str, int | str]]:
+  """(label, depth) of each config.trees entry, in order ("auto": ("auto", "auto")); a bad spec
+  is a SweepError naming it."""
   axis = []
   for spec in cfg.get("trees", ()):
+    if spec == "auto":
+      axis.append(("auto", "auto"))
+      continue
     try:
       label, t = trees_lib.resolve(spec)
     except ValueError as e:
@@ -281,6 +307,11 @@ def validate(
       budget_of(cfg).validate()
     except ValueError as e:
       raise SweepError(f"config.budget_tiers: {e}") from e
+  if "auto" in tuple(cfg.get("trees", ())):
+    try:
+      budget_of(cfg, trees=True).validate()
+    except ValueError as e:
+      raise SweepError(f"config.budget_tree_tiers: {e}") from e
   for w in cfg.workloads:
     try:
       workload_lib.load_workload(w)
@@ -425,12 +456,12 @@ class Runner:
     beside it: generate() checks it then), after the drafter's own checks of the cell (at the
     widest k it runs) and, for a tree cell, generate()'s tree checks (the drafter drafts trees,
     the target and acceptance mode allow them)."""
-    bucket, k = self.bucket(cell), widest_k(self.cfg, cell.k)
+    bucket, k = self.bucket(cell), widest_k(self.cfg, cell)
     slots = cache_slots(bucket, self.cfg.max_new_tokens, written_slots(self.cfg, cell))
     drafter = self.drafters[cell.method]
-    if cell.tree is not None:
-      mode = base_mode(cell.acceptance, Sampling(cell.temperature, cell.top_k, cell.top_p))
-      _tree_plan(self.target, drafter, cell.k, trees_lib.resolve(cell.tree)[1], mode)
+    mode = base_mode(cell.acceptance, Sampling(cell.temperature, cell.top_k, cell.top_p))
+    for t in cell_trees(self.cfg, cell):
+      _tree_plan(self.target, drafter, None, t, mode)
     drafter.validate(self.target.config, k, slots)
     memory.check_fits(
       self.target, drafter, k, cell.batch, bucket, slots, kv_dtype(cell),
@@ -452,9 +483,13 @@ class Runner:
     if self.mesh is not None:
       kw["mesh"] = self.mesh
     if kw["k"] == "auto":
-      kw["budget"] = budget_of(self.cfg)
+      kw["budget"] = cell_budget(self.cfg, cell)
     if cell.tree is not None and name != "null":
-      kw["tree"] = trees_lib.resolve(cell.tree)[1]
+      auto = cell.tree == "auto"
+      kw["k"], kw["tree"] = (
+        None if auto else cell.k,
+        "auto" if auto else cell_trees(self.cfg, cell)[0],
+      )
     return self.target_for(cell.target_format), ids, kw
 
   def target_for(self, fmt: str):
@@ -532,7 +567,7 @@ class Runner:
       **metrics.acceptance_summary(*(pooled[name] for name in metrics.COUNTS)),
       **{name: v.tolist() for name, v in pooled.items()},
       "ctx_edges": [None if math.isinf(e) else e for e in metrics.DEFAULT_CTX_EDGES],
-      "tree_paths": g.stats["tree"],
+      "tree_paths": None if cell.tree == "auto" else g.stats["tree"],
       "verify_width": g.stats["verify_width"],
       "loop_steps": sum(c["loop_steps"] for c in timed_calls),
       "host_syncs": sum(c["host_syncs"] for c in timed_calls),
@@ -552,6 +587,7 @@ class Runner:
     }
     if auto:
       row |= auto_fields(auto, row["steps"], entries, g.stats["tiers"])
+      row |= {"tier_trees": g.stats["tier_trees"]} if cell.tree == "auto" else {}
     return row
 
   def _gate(self, cell: Cell, leg: int, sha: str, baseline_sha: str | None):

@@ -104,13 +104,15 @@ def k_order(c: "Cell") -> tuple:
   """Sorts cells by verify width (k + 1 for a chain), a tree after the chain of its width, and
   k="auto" after them all."""
   if c.auto:
-    return (1, 0, "")
+    return (1, 0, c.tree or "")
   return (0, c.verify_width or c.k + 1, c.tree or "")
 
 
 def k_label(c: "Cell") -> str:
-  """A cell's entry in a k column: its k, or a tree's label and depth."""
-  return str(c.k) if c.tree is None else f"{c.tree} (tree, depth {c.k})"
+  """A cell's entry in a k column: its k, a tree's label and depth, or "auto (trees)"."""
+  if c.tree is None:
+    return str(c.k)
+  return "auto (trees)" if c.tree == "auto" else f"{c.tree} (tree, depth {c.k})"
 
 
 def fixed_drafted(cells: Iterable["Cell"]) -> list["Cell"]:

@@ -60,3 +60,23 @@ def test_a_row_takes_k_auto_and_refuses_another_string():
   results.validate_row(make_row(k="auto", tiers=[1, 2], tier_hist=[3, 4]))
   with pytest.raises(results.ResultsError, match="k should be int or 'auto', got str 'four'"):
     results.validate_row(make_row(k="four"))
+
+
+def test_tree_auto_is_a_value_of_the_trees_axis(tmp_path, monkeypatch):
+  monkeypatch.setenv(step_costs.COST_CACHE_ENV, str(tmp_path / "costs"))
+  tiers = (((0,),), ((0,), (1,)))
+  cfg = small_config(ks=(1,), trees=("auto",), budget_tree_tiers=tiers)
+  md = driver.run(cfg, str(tmp_path / "run"), progress=False)
+  rows = [r for r in results.load_rows(tmp_path / "run" / "results.jsonl") if r["k"] == "auto"]
+  assert len(rows) == 2 and all(r["tree"] == "auto" for r in rows)
+  for r in rows:
+    assert r["gate_passed"] and r["tiers"] == [1, 2] and sum(r["tier_hist"]) == r["steps"]
+    assert r["tree_paths"] is None and r["tier_trees"] == [[[0]], [[0], [1]]]
+  assert "auto (trees)" in md
+  with pytest.raises(
+    SweepError, match="config.budget_tree_tiers: budget tiers\\[0\\] is not nested"
+  ):
+    bad_tiers = (((0,), (1,)), ((0,), (0, 0)))
+    bad = small_config(ks=(1,), trees=("auto",), budget_tree_tiers=bad_tiers)
+    driver.run(bad, str(tmp_path / "bad"))
+  assert not (tmp_path / "bad").exists()
