@@ -29,6 +29,11 @@ _MODELS = flags.DEFINE_list(
   list(zoo.MODELS),
   "models to train ('selfdistill': the drafters' data alone)",
 )
+flags.register_validator(
+  "models",
+  lambda names: set(names) <= {*zoo.MODELS, "selfdistill"},
+  f"--models: each must be one of {', '.join((*zoo.MODELS, 'selfdistill'))}",
+)
 _JOBS = flags.DEFINE_integer(
   "jobs", 1, "> 1: after the target and the data, the drafters train in this many processes at once"
 )

@@ -115,3 +115,21 @@ def test_side_by_side_reruns_a_failure_alone_and_names_what_failed_again(tmp_pat
   assert zoo.side_by_side(cmds, 3, str(tmp_path)) == ["broken"]
   assert (tmp_path / "flaky.retry.log").read_text().strip() == "flaky"  # rerun, alone, passed
   assert (tmp_path / "broken.retry.log").exists() and not (tmp_path / "fine.retry.log").exists()
+
+
+def test_build_zoo_refuses_an_unknown_model_in_one_line(tmp_path):
+  import subprocess
+  import sys
+
+  cmd = [
+    sys.executable,
+    "-m",
+    "experiments.build_zoo",
+    f"--corpus_dir={tmp_path}",
+    "--models=bogus",
+  ]
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert "--models: each must be one of target, draft_lm" in proc.stderr
+  assert not any(tmp_path.iterdir())
