@@ -9,6 +9,7 @@ Qwen3.5 splits the Gated DeltaNet input projections; `fuse_split_gdn` regroups t
 Qwen3-Next's two.
 """
 
+import os
 import re
 
 import numpy as np
@@ -122,7 +123,10 @@ def fuse_split_gdn(
     for piece, shape in want.items():
       name = module + piece + ".weight"
       if name not in arrays:
-        raise CheckpointError(f"missing tensor {name!r} (a {config.model_type} linear layer)")
+        where = os.path.dirname(next(iter(files.values()), "")) or "checkpoint"
+        raise CheckpointError(
+          f"{where}: missing tensor {name!r} (a {config.model_type} linear layer)"
+        )
       if arrays[name].shape != shape:
         raise CheckpointError(
           f"{files[name]}: tensor {name!r} has shape {arrays[name].shape}, expected {shape} "

@@ -74,7 +74,7 @@ def test_split_projections_regroup_by_key_head(ckpt):
 
 def test_a_missing_split_projection_is_named(ckpt):
   _edit_tensors(ckpt, lambda t: t.pop("model.layers.1.linear_attn.in_proj_b.weight"))
-  _fails(ckpt, "missing tensor 'model.layers.1.linear_attn.in_proj_b.weight'")
+  _fails(ckpt, f"{ckpt}: missing tensor 'model.layers.1.linear_attn.in_proj_b.weight'")
 
 
 def test_a_mis_shaped_split_projection_is_named(ckpt):
