@@ -116,8 +116,11 @@ def make_config(
   **options,
 ) -> Eagle3Config:
   """A new head for `target`: the target's width, heads and RoPE; a llama layer (qk_norm: a
-  qwen3 one). options: norm_before_fc, fc_norm, norm_output."""
-  head = target.replace(
+  qwen3 one), a plain ModelConfig even over a hybrid target (whose layer schedule, recurrent and
+  expert fields describe the target, not the head). options: norm_before_fc, fc_norm,
+  norm_output."""
+  dense = {f.name: getattr(target, f.name) for f in dataclasses.fields(model_config.ModelConfig)}
+  head = model_config.ModelConfig(**dense).replace(
     model_type="qwen3" if qk_norm else "llama",
     qk_norm=qk_norm,
     num_layers=1,

@@ -13,8 +13,9 @@ import specdec
 from specdec.drafters import block as block_lib
 from specdec.drafters import draft_lm, ngram, suffix
 from specdec.drafters import mtp as mtp_lib
-from specdec.drafters.eagle3 import eagle3
+from specdec.drafters.eagle3 import eagle3, to_hf_dict
 from specdec.drafters.oracle import oracle
+from specdec.models.config import ModelConfig
 from specdec.ops import sampling as S
 from tests.decoding import test_spec_gates as gates
 from tests.helpers import tiny_hybrid_model, tiny_model
@@ -99,6 +100,10 @@ def test_greedy_identity_for_an_eagle3_head():
   assert all(len(set(row)) >= 8 for row in want)  # not degenerate
   head = eagle3(deep)  # untrained, over taps of both layer kinds
   assert head.taps == (0, 1, 2)
+  # The head is a dense llama layer: nothing of the target's layer schedule is saved with it.
+  saved = to_hf_dict(head.spec)
+  assert type(head.spec.head) is ModelConfig and saved["model_type"] == "llama"
+  assert not {"layer_types", "linear_num_value_heads", "num_experts"} & set(saved)
   out = specdec.generate(deep, PROMPTS, max_new_tokens=15, drafter=head, k=8)
   assert out.tokens == want
 
