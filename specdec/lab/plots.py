@@ -341,8 +341,9 @@ def tau_vs_context(series: Mapping[str, Mapping], path: str | Path) -> Path:
 
 
 def chosen_k_figure(series: Mapping[str, Mapping]) -> Figure:
-  """k="auto": the k chosen at each step of a request, one panel per cell (tables.chosen_k_series),
-  a step line on a log2 axis ticked at the cell's tiers."""
+  """k="auto" and tree="auto": the k (a tree tier's drafted nodes) chosen at each step of a
+  request, one panel per cell (tables.chosen_k_series), a step line on a log2 axis ticked at the
+  cell's tiers."""
   fig, axes, _ = _small_multiples(len(series), "step of the request", K_LABEL, (2.9, 2.3))
   for ax, (label, s) in zip(axes, series.items(), strict=True):
     steps = np.arange(1, len(s["k"]) + 1)
@@ -354,7 +355,9 @@ def chosen_k_figure(series: Mapping[str, Mapping]) -> Figure:
     ax.set_ylim(min(s["tiers"]) / 1.3, max(s["tiers"]) * 1.3)
     ax.set_title(_name(_conditions(label)), fontsize="medium")
   fig.suptitle(
-    "k='auto': the draft budget chosen on the device before each step", fontsize="medium"
+    "k='auto' / tree='auto': the draft budget (a tree's: its drafted nodes) chosen on the device "
+    "before each step",
+    fontsize="medium",
   )
   return fig
 

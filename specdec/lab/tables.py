@@ -423,13 +423,18 @@ TREE_NOTE = (
 
 
 def _auto_note(title: str, c: Cell, bc: list[Cell]) -> str:
-  """k="auto": how often it ran each tier, and its decode rate against the fastest fixed k."""
-  note = f"{title}: k=auto"
+  """k="auto" or tree="auto": how often it ran each tier (a tree tier by its drafted nodes), and
+  its decode rate against the fastest fixed k."""
+  trees = c.tree == "auto"
+  note = f"{title}: {'tree' if trees else 'k'}=auto"
   if c.tier_hist is not None and c.tier_hist.sum():
     shares = c.tier_hist / c.tier_hist.sum()
-    mean_k = float(np.dot(shares, c.tiers))
-    note += " ran " + ", ".join(f"k={k} {s:.0%}" for k, s in zip(c.tiers, shares, strict=True))
-    note += f" of its steps (mean k {mean_k:.2f})"
+    mean = float(np.dot(shares, c.tiers))
+    name = "{}-node tree" if trees else "k={}"
+    note += " ran " + ", ".join(
+      f"{name.format(k)} {s:.0%}" for k, s in zip(c.tiers, shares, strict=True)
+    )
+    note += f" of its steps (mean {'nodes' if trees else 'k'} {mean:.2f})"
   fast = [f for f in fixed_drafted(bc) if f.gate_passed and not math.isnan(f.mean["decode_tok_s"])]
   if fast and c.gate_passed and not math.isnan(c.mean["decode_tok_s"]):
     best = max(fast, key=lambda f: f.mean["decode_tok_s"])

@@ -72,7 +72,7 @@ def test_tree_auto_is_a_value_of_the_trees_axis(tmp_path, monkeypatch):
   for r in rows:
     assert r["gate_passed"] and r["tiers"] == [1, 2] and sum(r["tier_hist"]) == r["steps"]
     assert r["tree_paths"] is None and r["tier_trees"] == [[[0]], [[0], [1]]]
-  assert "auto (trees)" in md
+  assert "auto (trees)" in md and "tree=auto ran 1-node tree" in md
   with pytest.raises(
     SweepError, match="config.budget_tree_tiers: budget tiers\\[0\\] is not nested"
   ):
