@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Device measurements one after another, each cut so the call ends inside its limit; outputs and
+# logs under $OUT. JOBS names them: mesh hybrid dense budget tree sweep.
+#   device run: JOBS="budget sweep" LIMIT=570 bash experiments/device/measure.sh   (carry .whl)
+set -u
+T0=$(date +%s); LIMIT=${LIMIT:-570}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+run() {  # name, command...
+  local name=$1; shift
+  local left=$(( LIMIT - $(date +%s) + T0 ))
+  [ $left -gt 60 ] || { echo "== $name skipped ($left s left)"; return; }
+  echo "== $name ($left s left) $(date +%T)"
+  local t=$(date +%s)
+  timeout $left "$@" > "$OUT/$name.log" 2>&1; echo "rc=$? in $(( $(date +%s) - t )) s"
+  tr '\r' '\n' < "$OUT/$name.log" | grep -v "^\s*$" | tail -"${TAILN:-30}" | cut -c1-240
+}
+for job in ${JOBS}; do
+  case $job in
+    mesh) run mesh python3 -m experiments.bench_mesh_overhead --out="$OUT" ;;
+    hybrid) run hybrid python3 -m experiments.bench_hybrid --out="$OUT/moe" ;;
+    dense) run dense python3 -m experiments.bench_hybrid --shape=dense27b --out="$OUT/dense" ;;
+    budget) run budget python3 -m experiments.bench_budget --out="$OUT" ;;
+    tree) run tree python3 -m experiments.bench_tree_verify --widths=4,8,16,32 --out="$OUT" ;;
+    sweep)  # issue 22 item 5: the k-only sweep cold, then again with a fresh --out (cache hits)
+      S="python3 -m experiments.sweep --config.dtype=bfloat16 --config.n_prompts=5
+         --config.max_new_tokens=128 --config.workloads=('humaneval',) --config.prompt_tokens=(0,)
+         --config.ks=(1,2,4,8,12,16) --noplots"
+      export SPECDEC_COMPILE_CACHE=/tmp/cc1
+      TAILN=14 run sweep_cold $S --out=/tmp/sw_a
+      TAILN=14 run sweep_rerun $S --out=/tmp/sw_b ;;
+    *) echo "unknown job $job" ;;
+  esac
+done

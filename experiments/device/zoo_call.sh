@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call of the detached zoo build (docs/zoo.md, "Running the build on the lent H200"):
+# start the build if it is not running, wait up to LIMIT seconds, send back every finished model
+# (a tar in 15 MiB parts under $OUT) and the logs. Run it again at once to keep the machine warm.
+#   device run: LIMIT=540 bash experiments/device/zoo_call.sh
+#   carry: runs/corpus.tar.xz (tar -cJf runs/corpus.tar.xz -C runs corpus) and .whl (the wheels)
+set -u
+T0=$(date +%s); LIMIT=${LIMIT:-540}; JOBS=${JOBS:-7}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
+mkdir -p runs/log
+[ -d runs/corpus ] || tar -xJf runs/corpus.tar.xz -C runs
+if [ ! -f runs/log/start ]; then
+  nvidia-smi --query-gpu=name,memory.total --format=csv
+  date +%s > runs/log/start
+  XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 setsid nohup bash -c \
+    "python3 -m experiments.build_zoo --corpus_dir=runs/corpus --out=runs/newzoo --jobs=$JOBS \
+     > runs/log/build.log 2>&1; date +%s > runs/log/DONE" > /dev/null 2>&1 < /dev/null &
+  sleep 2
+fi
+while [ $(( $(date +%s) - T0 )) -lt "$LIMIT" ] && [ ! -f runs/log/DONE ]; do sleep 5; done
+nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
+done_dirs=$(cd runs && for d in newzoo/*; do [ -f "$d/training.json" ] && echo "$d"; done)
+echo "finished:" $done_dirs
+[ -n "$done_dirs" ] && tar -cf - -C runs $done_dirs | split -b 15M - "$OUT/zoo.tar."
+tar -czf "$OUT/logs.tgz" runs/log /tmp/zoo_ckpt/*.log 2>/dev/null
+for f in runs/log/build.log /tmp/zoo_ckpt/*.log; do
+  [ -f "$f" ] && { echo "== $f"; tr '\r' '\n' < "$f" | grep -v '^\s*$' | tail -2 | cut -c1-200; }
+done
