@@ -23,6 +23,7 @@ value heads and the conv windows the key heads' channels (`cache_shardings`).
 """
 
 import dataclasses
+import math
 
 import jax
 import numpy as np
@@ -259,13 +260,30 @@ def bytes_per_device(tree) -> int:
   return max(per.values(), default=0) + whole
 
 
-def tensor_size(tree) -> int:
-  """The tensor axis of the mesh the pytree's arrays are placed on (1: none)."""
+def mesh_of(tree) -> jax.sharding.Mesh | None:
+  """The mesh the pytree's arrays are placed on by name (None: none)."""
   for x in jax.tree.leaves(tree):
     s = getattr(x, "sharding", None)
-    if isinstance(s, NamedSharding) and "tensor" in s.mesh.shape:
-      return s.mesh.shape["tensor"]
-  return 1
+    if isinstance(s, NamedSharding):
+      return s.mesh
+  return None
+
+
+def tensor_size(tree) -> int:
+  """The tensor axis of the mesh the pytree's arrays are placed on (1: none)."""
+  mesh = mesh_of(tree)
+  return mesh.shape.get("tensor", 1) if mesh is not None else 1
+
+
+def shard_bytes(tree, shardings) -> int:
+  """The bytes one device holds of a pytree of arrays or ShapeDtypeStructs placed by `shardings`
+  (a like tree of `NamedSharding`s): each leaf's shard shape, as the sharding cuts it."""
+  leaves = jax.tree.leaves(tree)
+  placed = jax.tree.leaves(shardings)
+  return sum(
+    math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
+    for x, s in zip(leaves, placed, strict=True)
+  )
 
 
 def on_mesh(model, mesh: jax.sharding.Mesh):

@@ -1,5 +1,6 @@
 """Small shared builders and checks for tests."""
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -44,6 +45,24 @@ def tiny_config(**kw):
 def tiny_model(seed=0, scale=10.0, **kw) -> Model:
   """Random weights scaled up so argmax gaps are wide and greedy text is not a constant."""
   return Model.random(tiny_config(**kw), seed=seed, scale=scale)
+
+
+def random_exl3(model, bits: int = 4) -> Model:
+  """`model` with EXL3 kernels of random codes where quantize_model puts EXL3 ones: quantizing
+  even small matrices (the Viterbi search) takes minutes on a CPU."""
+  from flax.traverse_util import flatten_dict, unflatten_dict
+
+  from specdec.quant import exl3
+  from specdec.quant.exl3.hadamard import HAD_DIM
+  from specdec.quant.exl3.layout import pad_to
+
+  flat = flatten_dict(model.params["params"])
+  for i, (path, w) in enumerate(sorted(flat.items())):
+    if path[-1] == "kernel" and path[0] != "lm_head":
+      k, n = w.shape
+      r = exl3.random_weight(jax.random.key(i), pad_to(k, HAD_DIM), pad_to(n, HAD_DIM), bits)
+      flat[path] = dataclasses.replace(r, in_features=k, out_features=n)
+  return dataclasses.replace(model, params={"params": unflatten_dict(flat)})
 
 
 def result_row(**over):

@@ -6,7 +6,10 @@ The state `prefill` builds is affine in the cache slots S: per slot, every seque
 target's K and V of every layer, its token id and any drafter cache (draft LM, MTP/EAGLE heads,
 block context); the rest (counters, a drafter's fixed state) does not grow with S. Both parts are
 read off the state's shapes with `jax.eval_shape` (a trace, no compile) at two cache sizes, so every
-drafter and cache layout is counted as it is, not as a formula believes it to be.
+drafter and cache layout is counted as it is, not as a formula believes it to be. For a target
+placed on a tensor mesh both count what one device holds: each array of the state as generate()
+shards it (the target's KV cache by kv heads, a hybrid target's recurrent and conv states by value
+heads and channels), the params as placed.
 
 The budget is `fraction` of the allocator's limit (JAX's `bytes_limit`: what XLA may use on the
 device) minus what is already resident (params, drafters). 1 - fraction is the headroom left for
@@ -104,11 +107,15 @@ def plan_slots(
 
 def state_cost(model, drafter, k: int, batch: int, bucket: int, slots: int, kv_dtype=None):
   """(bytes per slot per sequence, bytes that do not grow with slots) of the decode state that
-  generate() builds with this cache dtype (None: the model's dtype).
+  generate() builds with this cache dtype (None: the model's dtype), on one device: for a target
+  placed on a tensor mesh, each array counts the shard generate() leaves on a device
+  (`sharding.decode_state_shardings`: the KV cache by kv heads, a hybrid target's conv windows by
+  channel and recurrent states by value heads, the rest whole).
 
   Sampling, mode and EOS ids do not change the state's shapes; fixing them lets every call with
   the same shapes share the two probe traces.
   """
+  mesh = sharding.mesh_of(model.params)
   sc = StepConfig(model.config, model.dtype, drafter, k, Sampling(), "greedy", (), kv_dtype)
   i32 = jnp.int32
   args = (
@@ -120,7 +127,10 @@ def state_cost(model, drafter, k: int, batch: int, bucket: int, slots: int, kv_d
 
   def size(s: int) -> int:
     fn = functools.partial(prefill, sc=sc, slots=s)
-    return tree_bytes(jax.eval_shape(fn, model.params, drafter.params, *args))
+    st = jax.eval_shape(fn, model.params, drafter.params, *args)
+    if mesh is None:
+      return tree_bytes(st)
+    return sharding.shard_bytes(st, sharding.decode_state_shardings(st, mesh))
 
   at_s, grown = size(slots), size(slots + PROBE_SLOTS)
   slot_bytes = -(-(grown - at_s) // (PROBE_SLOTS * batch))
@@ -151,11 +161,10 @@ def check_fits(
   if memory is None:
     return None
   kv_dtype = model.kv_dtype if kv_dtype is None else kv_dtype  # as generate() resolves it
+  # Per device: a tensor mesh splits the params and the target's cache (state_cost); the token
+  # buffer and a drafter's params and state stay whole.
   slot_bytes, other_bytes = state_cost(model, drafter, k, batch, bucket, slots, kv_dtype)
-  # Per device: a tensor mesh splits the params and, by kv heads, the target cache's slots (the
-  # token buffer and a drafter's state stay whole).
   kv = kv_slot_bytes(model.config, model.dtype if kv_dtype is None else kv_dtype)
-  slot_bytes -= kv - -(-kv // sharding.tensor_size(model.params))
   return plan_slots(
     slots,
     batch,
@@ -164,6 +173,6 @@ def check_fits(
     params_bytes=sharding.bytes_per_device(model.params) + tree_bytes(drafter.params),
     other_bytes=other_bytes,
     fraction=fraction,
-    kv_bytes=kv_slot_bytes(model.config, model.dtype if kv_dtype is None else kv_dtype),
+    kv_bytes=-(-kv // sharding.tensor_size(model.params)),
     extra_bytes=extra_bytes,
   )

@@ -1,6 +1,7 @@
-"""k="auto" under a tensor axis on the fake 4-device CPU mesh: the cost curve is measured on the
-sharded step and cached under the mesh's shape, and greedy auto decoding at TP = 2 (through
-`generate` and a TP sweep) gives the single-device tokens."""
+"""k="auto" and tree="auto" under a tensor axis on the fake 4-device CPU mesh: the cost curve is
+measured on the sharded step and cached under the mesh's shape, and greedy auto decoding at TP = 2
+(chains through `generate` and a TP sweep, trees through `generate`) gives the single-device
+tokens."""
 
 import json
 
@@ -63,16 +64,28 @@ def test_auto_compiles_ahead_under_a_mesh(model):
   assert out.tokens == specdec.generate(model, PROMPTS, max_new_tokens=12).tokens
 
 
+def test_greedy_tree_auto_under_tp2_gives_the_single_device_tokens(model):
+  # Nested trees of 2, 3 and 4 drafted nodes, with a given curve (the measuring is the chains').
+  tiers = ([(0,), (0, 0)], [(0,), (1,), (0, 0)], [(0,), (1,), (0, 0), (0, 1)])
+  kw = dict(max_new_tokens=12, drafter=ngram(), tree="auto", budget=Budget(tiers=tiers))
+  got = specdec.generate(
+    model, PROMPTS, mesh=sharding.make_mesh(tensor=2), step_costs=[1.0, 1.05, 1.1], **kw
+  )
+  assert got.tokens == specdec.generate(model, PROMPTS, max_new_tokens=12).tokens
+  assert (got.stats["tree"], got.stats["tiers"]) == ("auto", [2, 3, 4])
+  assert sum(got.stats["tier_hist"]) == got.stats["steps"]
+
+
 def test_a_tensor_parallel_sweep_runs_k_auto_with_the_single_device_outputs(tmp_path, monkeypatch):
   from specdec.lab import driver, results
   from tests.lab.test_sweep import small_config
 
   monkeypatch.setenv(step_costs.COST_CACHE_ENV, str(tmp_path / "costs"))
   cfg = dict(methods=("ngram",), ks=("auto",), budget_tiers=(1, 2))
-  outputs = {}
-  for name, tp in (("one", 1), ("tp2", 2)):
-    driver.run(small_config(tensor_parallel=tp, **cfg), str(tmp_path / name), progress=False)
-    rows = results.load_rows(tmp_path / name / results.RESULTS_NAME)
-    assert all(r["gate_passed"] for r in rows) and any(r["k"] == "auto" for r in rows)
-    outputs[name] = {(r["method"], r["k"], r["leg"], r["extra"]["output_sha"]) for r in rows}
-  assert outputs["one"] == outputs["tp2"]
+  driver.run(small_config(tensor_parallel=2, **cfg), str(tmp_path / "tp2"), progress=False)
+  # The single-device outputs: a plain greedy sweep's, which greedy decoding at any k gives.
+  driver.run(small_config(methods=("null",)), str(tmp_path / "one"), progress=False)
+  tp2, one = (results.load_rows(tmp_path / name / results.RESULTS_NAME) for name in ("tp2", "one"))
+  assert all(r["gate_passed"] for r in tp2) and any(r["k"] == "auto" for r in tp2)
+  outputs = lambda rows: {(r["leg"], r["extra"]["output_sha"]) for r in rows}  # noqa: E731
+  assert outputs(tp2) == outputs(one)

@@ -1,6 +1,7 @@
 """Tensor parallelism of hybrid targets on a fake 4-device CPU mesh: Gated DeltaNet, gated
 attention, a dense MLP and routed experts with a shared expert give the single-device float32
-logits and greedy speculative output sharded at TP 2 and 4; undividable meshes are refused."""
+logits at TP 2 and 4 and greedy speculative output (TP 4 here, TP 2 for a loaded target with its
+MTP head); the memory plan counts the sharded states per device; undividable meshes are refused."""
 
 import re
 
@@ -50,11 +51,48 @@ def test_sharded_logits_equal_single_device_logits(model, tp):
   np.testing.assert_allclose(sharded.logits(tokens), model.logits(tokens), atol=TOL, rtol=TOL)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_greedy_speculative_output_is_the_single_device_output(model, greedy, tp):
-  mesh = sharding.make_mesh(tensor=tp)
+def test_greedy_speculative_output_is_the_single_device_output(model, greedy):
+  mesh = sharding.make_mesh(tensor=4)
   got = specdec.generate(model, PROMPTS, max_new_tokens=8, drafter=ngram(), k=3, mesh=mesh)
   assert got.tokens == greedy
+
+
+def test_the_memory_plan_counts_the_states_as_each_device_holds_them(model):
+  """The plan's bytes per device are those of the decode state generate() leaves on a device
+  (the prefill of the greedy test above, placed as generate places it): the KV cache and the
+  recurrent and conv states a quarter each at TP 4, the rest whole."""
+  from specdec.decoding import generate as generate_lib
+  from specdec.decoding import memory
+  from specdec.decoding.step import prefill
+
+  mesh = sharding.make_mesh(tensor=4)
+  sharded = sharding.on_mesh(model, mesh)
+  plan = generate_lib._plan(
+    sharded, PROMPTS, max_new_tokens=8, temperature=0.0, top_k=0, top_p=1.0, drafter=ngram(),
+    k=3, acceptance=None, max_slots=None, min_bucket=generate_lib.MIN_BUCKET, kv_dtype=None,
+    memory_fraction=None, prefill_chunk=generate_lib.PREFILL_CHUNK,
+  )  # fmt: skip
+  B, sc = plan.batch, plan.sc
+  prompt_BT = np.zeros((B, plan.bucket), np.int32)
+  for i, p in enumerate(PROMPTS):
+    prompt_BT[i, : len(p)] = p
+  lengths_B = jnp.asarray([len(p) for p in PROMPTS], jnp.int32)
+  max_new_B = jnp.full((B,), 8, jnp.int32)
+  lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), sharding.replicated(mesh))
+  with jax.set_mesh(mesh):
+    st = prefill(
+      sharded.params, sc.drafter.params, jnp.asarray(prompt_BT), lengths_B, max_new_B,
+      jax.random.key(0), sc, plan.slots,
+    )  # fmt: skip
+    st = jax.device_put(st, sharding.decode_state_shardings(st, mesh))
+  held = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(st))
+  args = (sc.drafter, sc.k, B, plan.bucket, plan.slots)
+  slot, other = memory.state_cost(sharded, *args)
+  assert B * plan.slots * slot + other == held
+  # Unsharded, the plan counts the recurrent and conv states (which do not grow with the
+  # slots) whole: four times what each device holds of them.
+  states = memory.tree_bytes((st.cache.rec, st.cache.conv))
+  assert memory.state_cost(model, *args)[1] - other == states - states // 4 > 0
 
 
 def test_the_states_follow_the_heads_they_belong_to(model):

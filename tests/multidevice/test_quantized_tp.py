@@ -1,16 +1,14 @@
 """Quantized matmuls under a tensor axis on the fake 4-device CPU mesh: each device runs the
 dispatch (XLA's path here, the kernel where it applies) over its own shard inside `shard_map`,
 column splits with no reduction and row splits with a psum, so sharded NVFP4 / FP8 / EXL3 targets
-give the single-device logits and greedy output, TP = 2 and 4."""
+give the single-device logits at TP = 2 and 4, and greedy output (each format at one of them)."""
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax.traverse_util import flatten_dict, unflatten_dict
 
 import specdec
 from specdec import sharding
@@ -18,9 +16,7 @@ from specdec.drafters import ngram
 from specdec.ops import qmatmul
 from specdec.quant import exl3, fp8, nvfp4
 from specdec.quant.apply import quantize_model
-from specdec.quant.exl3.hadamard import HAD_DIM
-from specdec.quant.exl3.layout import pad_to
-from tests.helpers import tiny_model
+from tests.helpers import random_exl3, tiny_model
 
 PROMPTS = [[5, 9, 13, 2, 7, 7, 31], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]]
 # float32 logits: a row split sums its partial outputs across devices in f32, in another order
@@ -45,24 +41,12 @@ def _weight(fmt: str, k: int, n: int, seed: int = 0):
   return quantize(jax.random.normal(key, (k, n), jnp.float32))
 
 
-def _random_exl3(model, bits: int = 4):
-  """`model` with EXL3 kernels of random codes where quantize_model puts EXL3 ones: quantizing
-  even these small matrices (the Viterbi search) takes minutes on a CPU."""
-  flat = flatten_dict(model.params["params"])
-  for i, (path, w) in enumerate(sorted(flat.items())):
-    if path[-1] == "kernel" and path[0] != "lm_head":
-      k, n = w.shape
-      r = exl3.random_weight(jax.random.key(i), pad_to(k, HAD_DIM), pad_to(n, HAD_DIM), bits)
-      flat[path] = dataclasses.replace(r, in_features=k, out_features=n)
-  return dataclasses.replace(model, params={"params": unflatten_dict(flat)})
-
-
 @functools.cache
 def _target(fmt: str):
   if fmt == "exl3":
     # Every split dimension 512: whole 128-point Hadamard blocks over 2 and 4 devices.
     dims = dict(head_dim=128, intermediate_size=512, hidden_size=64)
-    return _random_exl3(tiny_model(num_attention_heads=4, num_key_value_heads=4, **dims))
+    return random_exl3(tiny_model(num_attention_heads=4, num_key_value_heads=4, **dims))
   # MLP width 128: down_proj's K splits into whole 16-wide NVFP4 groups over 2 and 4 devices.
   model = tiny_model(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128)
   return quantize_model(model, fmt)
@@ -139,7 +123,7 @@ def test_the_split_kernel_lowers_for_cuda_inside_shard_map(fmt, split):
 
 @pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_sharded_quantized_targets_match_the_single_device_target(fmt, tp):
+def test_sharded_quantized_targets_give_the_single_device_logits(fmt, tp):
   q = _target(fmt)
   mesh = sharding.make_mesh(tensor=tp)
   sharded = sharding.on_mesh(q, mesh)
@@ -152,9 +136,15 @@ def test_sharded_quantized_targets_match_the_single_device_target(fmt, tp):
     assert "shard_map" in str(jax.make_jaxpr(sharded.logits)(tokens))
   want = q.logits(tokens)
   np.testing.assert_allclose(got, want, atol=TOL * np.abs(want).max(), rtol=TOL)
+
+
+# Each format decodes at one degree, both degrees covered (the logits above check both for each).
+@pytest.mark.parametrize("fmt, tp", [("nvfp4", 4), ("fp8", 2), ("exl3", 4)])
+def test_sharded_quantized_targets_give_the_single_device_greedy_output(fmt, tp):
+  q = _target(fmt)
   kw = dict(max_new_tokens=10, drafter=ngram(), k=3)
   want = specdec.generate(q, PROMPTS, **kw).tokens
-  assert specdec.generate(q, PROMPTS, mesh=mesh, **kw).tokens == want
+  assert specdec.generate(q, PROMPTS, mesh=sharding.make_mesh(tensor=tp), **kw).tokens == want
 
 
 def test_a_degree_that_cuts_nvfp4_groups_names_the_tensor_and_the_degree():
@@ -169,7 +159,7 @@ def test_an_exl3_split_that_cuts_a_hadamard_block_names_the_tensor_its_shape_and
   # Attention 4 x 128 wide splits into whole 128-blocks over 2 devices; down_proj's input 384
   # gives 192-wide shards (a row split), and q_proj's output 64 of the small model 32-wide ones.
   dims = dict(head_dim=128, intermediate_size=384, hidden_size=64)
-  q = _random_exl3(tiny_model(num_attention_heads=4, num_key_value_heads=4, **dims))
+  q = random_exl3(tiny_model(num_attention_heads=4, num_key_value_heads=4, **dims))
   rows = (
     r"params/layer_0/mlp/down_proj/kernel: EXL3 weight \(in, out\) = \(384, 64\), rows split "
     r"over tensor=2: in_features=384 gives 192-wide shards; each must be a multiple of EXL3's "
@@ -177,7 +167,7 @@ def test_an_exl3_split_that_cuts_a_hadamard_block_names_the_tensor_its_shape_and
   )
   with pytest.raises(sharding.ShardingError, match=rows):
     sharding.param_specs(q.params, q.config, 2)
-  small = _random_exl3(tiny_model(num_attention_heads=4, num_key_value_heads=4))
+  small = random_exl3(tiny_model(num_attention_heads=4, num_key_value_heads=4))
   columns = r"params/layer_0/attn/k_proj/kernel: EXL3 weight \(in, out\) = \(48, 64\), columns"
   with pytest.raises(sharding.ShardingError, match=columns):
     specdec.generate(small, PROMPTS, max_new_tokens=2, mesh=sharding.make_mesh(tensor=2))
