@@ -15,14 +15,17 @@ from specdec.drafters.suffix import speculate
 from tests.helpers import tiny_config, tiny_model
 
 REF = json.load(open("tests/fixtures/suffix/stream.json"))
-SLOTS, ROWS = 3072, 32
+# The buffer holds the recorded prompt and response, the store the cached response, exactly: every
+# slot more is work in each of the recorded steps' drafts.
+SLOTS, ROWS = len(REF["request"]["prompt"]) + len(REF["request"]["response"]), 32
 
 
 def _ref_drafter():
   st = REF["settings"]
   return suffix(
     max_depth=st["max_depth"], max_spec_factor=st["max_spec_factor"],
-    min_token_prob=st["min_token_prob"], store_size=1024, history=[REF["cached"]["response"]],
+    min_token_prob=st["min_token_prob"], history=[REF["cached"]["response"]],
+    store_size=len(REF["cached"]["response"]),
   )  # fmt: skip
 
 

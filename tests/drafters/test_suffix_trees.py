@@ -70,8 +70,8 @@ def test_tree_drafts_match_arctic_tree_mode_on_the_recorded_stream():
   t = tree(universal_paths(budget))
   dr = suffix(
     max_depth=st["max_depth"], max_spec_factor=st["max_spec_factor"],
-    min_token_prob=st["min_token_prob"], store_size=640, history=[REF["cached"]["response"]],
-    max_tree_tokens=budget,
+    min_token_prob=st["min_token_prob"], history=[REF["cached"]["response"]],
+    store_size=len(REF["cached"]["response"]), max_tree_tokens=budget,
   )  # fmt: skip
   prompt, resp = REF["request"]["prompt"], REF["request"]["response"]
   steps, probes = TREE_REF["steps"], TREE_REF["probes"]
@@ -81,7 +81,7 @@ def test_tree_drafts_match_arctic_tree_mode_on_the_recorded_stream():
   contexts = [(stream_S, len(prompt) + int(n), len(prompt)) for n in done]
   contexts += [(stream_S[: len(prompt)], p["prefix"], p["prefix"]) for p in probes]
   refs = steps + probes
-  S, rows = 3072, 32
+  S, rows = len(stream_S), 32  # the store and the buffer hold the recordings exactly
   f = jax.jit(lambda p, tok, n, pl: speculate_tree(dr, p, tok, n, pl, t))
   got = []
   for lo in range(0, len(contexts), rows):
