@@ -150,10 +150,12 @@ def widest_k(cfg, cell: "Cell") -> int:
 
 
 def written_slots(cfg, cell: "Cell") -> int:
-  """Slots a verify of the cell writes after the newest token: its widest k, a tree's n - 1."""
-  if cell.tree == "auto":
-    return max(budget_of(cfg, True).sizes)
-  return widest_k(cfg, cell) if cell.tree is None else trees_lib.resolve(cell.tree)[1].size - 1
+  """Slots a verify of the cell writes after the newest token: its k, a tree's n - 1, an auto
+  cell's largest tier's."""
+  budget = cell_budget(cfg, cell)
+  if budget:
+    return max(budget.sizes)
+  return cell.k if cell.tree is None else trees_lib.resolve(cell.tree)[1].size - 1
 
 
 def cell_trees(cfg, cell: "Cell") -> list:
@@ -484,12 +486,10 @@ class Runner:
       kw["mesh"] = self.mesh
     if kw["k"] == "auto":
       kw["budget"] = cell_budget(self.cfg, cell)
-    if cell.tree is not None and name != "null":
-      auto = cell.tree == "auto"
-      kw["k"], kw["tree"] = (
-        None if auto else cell.k,
-        "auto" if auto else cell_trees(self.cfg, cell)[0],
-      )
+    if cell.tree == "auto" and name != "null":
+      kw["k"], kw["tree"] = None, "auto"  # its depths are the tiers'
+    elif cell.tree is not None and name != "null":
+      kw["tree"] = cell_trees(self.cfg, cell)[0]
     return self.target_for(cell.target_format), ids, kw
 
   def target_for(self, fmt: str):
