@@ -29,7 +29,9 @@ def forward(
   cache = stack.empty_cache(config, B, T, kv_dtype or dtype)
   n_commit_B = jnp.full((B,), T, jnp.int32)  # every token is real: a settled hybrid cache
   module = stack.decoder(config, dtype)
-  return module.apply(params, tokens_BT, positions_BT, cache, taps=taps, n_commit_B=n_commit_B)
+  return module.apply(
+    params, tokens_BT, positions_BT, cache, taps=taps, n_commit_B=n_commit_B, from_zero=True
+  )
 
 
 @dataclasses.dataclass

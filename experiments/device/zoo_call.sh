@@ -13,6 +13,12 @@ mkdir -p runs/log
 if [ ! -f runs/log/start ]; then
   nvidia-smi --query-gpu=name,memory.total --format=csv
   date +%s > runs/log/start
+  # The trainers' full-sequence forwards take cuDNN's fused attention only where its GPU tests
+  # pass here (tests/ops/test_attention_from_zero.py); else the build runs on attend_xla.
+  JAX_PLATFORMS=cuda python3 -m pytest -q -p no:cacheprovider -m gpu -o addopts= \
+    tests/ops/test_attention_from_zero.py > runs/log/gpu_tests.log 2>&1 \
+    || export SPECDEC_ATTENTION=xla
+  tail -3 runs/log/gpu_tests.log; echo "SPECDEC_ATTENTION=${SPECDEC_ATTENTION:-auto}"
   XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 setsid nohup bash -c \
     "python3 -m experiments.build_zoo --corpus_dir=runs/corpus --out=runs/newzoo --jobs=$JOBS \
      > runs/log/build.log 2>&1; date +%s > runs/log/DONE" > /dev/null 2>&1 < /dev/null &

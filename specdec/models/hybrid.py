@@ -66,14 +66,14 @@ class HybridBlock(nn.Module):
   layer: int
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, state: tuple, n_commit_B):
+  def __call__(self, x_BTD, positions_BT, state: tuple, n_commit_B, from_zero=False):
     """state: (k, v) of an attention layer or (conv, rec) of a linear one, returned updated."""
     c = self.config
     h_BTD = rms_norm(c, "attn_norm")(x_BTD)
     if c.layer_types[self.layer] == "linear_attention":
       a_BTD, *state = GatedDeltaNet(c, name="linear_attn")(h_BTD, *state, n_commit_B)
     else:
-      a_BTD, *state = GatedAttention(c, name="attn")(h_BTD, positions_BT, *state)
+      a_BTD, *state = GatedAttention(c, name="attn")(h_BTD, positions_BT, *state, from_zero)
     x_BTD = x_BTD + a_BTD
     mlp = MoEBlock(c, name="mlp") if c.moe_layers[self.layer] else MLP(c, name="mlp")
     x_BTD = x_BTD + mlp(rms_norm(c, "mlp_norm")(x_BTD))
@@ -102,6 +102,7 @@ class HybridTransformer(Transformer):
     logits_at_BP=None,
     inputs_BTD=None,
     n_commit_B=None,
+    from_zero: bool = False,
   ) -> ForwardOut:
     """As `Transformer.__call__`; n_commit_B (tokens of each row that are real, the rest
     padding) gives a settled cache, None a pending one (module docstring)."""
@@ -117,7 +118,8 @@ class HybridTransformer(Transformer):
         recs.append(rec)
       else:
         j = next(att)
-        x_BTD, (k, v) = block(x_BTD, positions_BT, (cache.kv.k[j], cache.kv.v[j]), n_commit_B)
+        kv = (cache.kv.k[j], cache.kv.v[j])
+        x_BTD, (k, v) = block(x_BTD, positions_BT, kv, n_commit_B, from_zero)
         ks.append(k)
         vs.append(v)
       tapped[i] = x_BTD

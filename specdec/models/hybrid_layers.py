@@ -48,7 +48,7 @@ class GatedAttention(nn.Module):
   config: HybridConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH):
+  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH, from_zero=False):
     c = self.config
     B, T, _ = x_BTD.shape
     N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
@@ -61,7 +61,7 @@ class GatedAttention(nn.Module):
     k_BTKH = _partial_rope(rms_norm(c, "k_norm")(k_BTKH), positions_BT, c)
     k_BSKH = write_cache(k_BSKH, k_BTKH, positions_BT)
     v_BSKH = write_cache(v_BSKH, v_BTKH, positions_BT)
-    o_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, positions_BT)
+    o_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, from_zero=from_zero)
     if c.attn_output_gate:
       o_BTNH = o_BTNH * jax.nn.sigmoid(q_BTNX[..., H:])
     out_BTD = Linear(c.hidden_size, c.attention_bias, name="o_proj")(o_BTNH.reshape(B, T, N * H))

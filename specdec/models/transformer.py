@@ -106,7 +106,7 @@ class Attention(nn.Module):
     return 1.0
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH, tree: TreeMask | None = None):
+  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH, tree=None, from_zero=False):
     c = self.config
     B, T, _ = x_BTD.shape
     N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
@@ -130,7 +130,7 @@ class Attention(nn.Module):
     slots_BT = positions_BT if tree is None else tree.slots_BT
     k_BSKH = write_cache(k_BSKH, k_BTKH, slots_BT, k_scale)
     v_BSKH = write_cache(v_BSKH, v_BTKH, slots_BT, v_scale)
-    o_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale, tree)
+    o_BTNH = attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale, v_scale, tree, from_zero)
     out_BTD = Linear(c.hidden_size, c.attention_bias, name="o_proj")(o_BTNH.reshape(B, T, N * H))
     return out_BTD, k_BSKH, v_BSKH
 
@@ -154,10 +154,11 @@ class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH, tree: TreeMask | None = None):
+  def __call__(self, x_BTD, positions_BT, k_BSKH, v_BSKH, tree=None, from_zero=False):
     c = self.config
     h_BTD = RMSNorm(c.rms_norm_eps, name="attn_norm")(x_BTD)
-    a_BTD, k_BSKH, v_BSKH = Attention(c, name="attn")(h_BTD, positions_BT, k_BSKH, v_BSKH, tree)
+    attn = Attention(c, name="attn")
+    a_BTD, k_BSKH, v_BSKH = attn(h_BTD, positions_BT, k_BSKH, v_BSKH, tree, from_zero)
     x_BTD = x_BTD + a_BTD
     x_BTD = x_BTD + MLP(c, name="mlp")(RMSNorm(c.rms_norm_eps, name="mlp_norm")(x_BTD))
     return x_BTD, k_BSKH, v_BSKH
@@ -194,6 +195,7 @@ class Transformer(nn.Module):
     inputs_BTD=None,
     n_commit_B=None,
     tree: TreeMask | None = None,
+    from_zero: bool = False,
   ) -> ForwardOut:
     """One forward over T new tokens at `positions`, writing their K/V into `cache`.
 
@@ -203,12 +205,13 @@ class Transformer(nn.Module):
     n_commit_B: unused; a KV cache needs no commit count (the hybrid stack's state does).
     tree: the tokens are nodes of a draft tree: K/V go to the tree's slots and attention follows
     its ancestors (`TreeMask`); positions are then each node's root + depth.
+    from_zero: positions are 0..T-1 in every row over a cache of T slots (`attend`'s fast path).
     """
     del n_commit_B
     x_BTD = self.embed_tokens(tokens_BT) if inputs_BTD is None else inputs_BTD.astype(self.dtype)
     ks, vs, tapped = [], [], {}
     for i, block in enumerate(self.blocks):
-      x_BTD, k, v = block(x_BTD, positions_BT, cache.k[i], cache.v[i], tree)
+      x_BTD, k, v = block(x_BTD, positions_BT, cache.k[i], cache.v[i], tree, from_zero)
       ks.append(k)
       vs.append(v)
       tapped[i] = x_BTD

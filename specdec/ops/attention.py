@@ -38,12 +38,24 @@ def attention_path() -> str:
   return "xla" if os.environ.get("SPECDEC_ATTENTION", "") == "xla" else "auto"
 
 
-def attend(q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0, tree=None):
+def attend(
+  q_BTNH, k_BSKH, v_BSKH, positions_BT, k_scale=1.0, v_scale=1.0, tree=None, from_zero=False
+):
   """Each query t of row b over the cache slots <= positions[b, t] (or, with a `TreeMask`, the
   slots it marks), caches as stored (an FP8 cache's codes read as code x scale, `from_cache`):
   kernels_pallas's decode attention on a GPU where it applies (a few queries per kv head; measured
   faster in docs/benchmarks.md; FP8 codes read as they are where SMEM allows, else widened
-  first), else `attend_xla`. SPECDEC_ATTENTION=xla forces XLA (read when traced)."""
+  first), else `attend_xla`. SPECDEC_ATTENTION=xla forces XLA (read when traced).
+
+  from_zero: the caller promises positions 0..T-1 in every row over a cache of S = T slots (a
+  full-sequence forward, as every trainer runs): on a GPU, cuDNN's fused causal attention, which
+  never holds the [T, S] scores in memory."""
+  if from_zero and tree is None and _flash_ok(q_BTNH, k_BSKH):
+    k_BSKH = from_cache(k_BSKH, k_scale, q_BTNH.dtype)
+    v_BSKH = from_cache(v_BSKH, v_scale, q_BTNH.dtype)
+    return jax.nn.dot_product_attention(
+      q_BTNH, k_BSKH, v_BSKH, is_causal=True, implementation="cudnn"
+    )
   # A tree forward too: the kernel reads the prefix before the root, its node window is in jnp.
   da = _attention_kernels()
   if da is not None and da.supported(q_BTNH, k_BSKH, v_BSKH):  # the caches as stored
@@ -122,6 +134,17 @@ def _attention_kernels():
   if attention_path() != "auto" or jax.default_backend() != "gpu":
     return None
   return decode_attention
+
+
+def _flash_ok(q_BTNH, k_BSKH) -> bool:
+  """Whether `attend`'s from_zero path can use cuDNN: a GPU, not forced to XLA, half-precision
+  queries, a head dim cuDNN's flash kernels take, as many slots as queries."""
+  H = q_BTNH.shape[-1]
+  return (
+    attention_path() == "auto" and jax.default_backend() == "gpu"
+    and q_BTNH.dtype in (jnp.bfloat16, jnp.float16) and H <= 128 and H % 8 == 0
+    and q_BTNH.shape[1] == k_BSKH.shape[1]
+  )  # fmt: skip
 
 
 def visible(positions_BT, slots: int, tree: TreeMask | None = None):

@@ -20,6 +20,7 @@ import numpy as np
 from specdec.checkpoint.loader import load
 from specdec.checkpoint.zoo import resolve_path
 from specdec.decoding.generate import generate
+from specdec.ops.attention import attention_path
 from specdec.training import data, loop
 
 
@@ -120,5 +121,6 @@ def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
   method.export(out, jax.tree.map(np.asarray, params))
   with open(os.path.join(out, "training.json"), "w") as f:
     record = {"config": cfg.to_dict(), "train_file": train_file, "history": history}
-    json.dump({**record, "device": jax.local_devices()[0].device_kind}, f, indent=1, default=str)
+    record |= {"device": jax.local_devices()[0].device_kind, "attention": attention_path()}
+    json.dump(record, f, indent=1, default=str)
   return history

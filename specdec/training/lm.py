@@ -25,6 +25,7 @@ from specdec.data import tokenizer as tokenizer_lib
 from specdec.model import Model, forward
 from specdec.models.config import ModelConfig, from_hf_dict
 from specdec.models.transformer import KVCache, Transformer
+from specdec.ops.attention import attention_path
 from specdec.training import data, loop
 
 RESIDUAL_OUTPUTS = ("o_proj", "down_proj")
@@ -256,6 +257,7 @@ def train(cfg, corpus_dir: str, out: str, ckpt_dir: str | None = None):
     "history": history,
     "wall_s": round(time.perf_counter() - t0, 1),
     "device": str(jax.local_devices()[0].device_kind),
+    "attention": attention_path(),
     "jax": jax.__version__,
     "python": platform.python_version(),
   }
