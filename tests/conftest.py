@@ -11,3 +11,10 @@ os.environ.setdefault("SPECDEC_COMPILE_CACHE", "off")
 
 # tests/multidevice needs a process with 4 fake CPU devices: tests/test_sharding.py starts one.
 collect_ignore = [] if os.environ.get("SPECDEC_MULTIDEVICE") else ["multidevice"]
+
+
+def pytest_collection_modifyitems(items):
+  """Tests marked slow first, the rest in collection order: under pytest-xdist a test of minutes
+  (the fake-mesh process above all) started among the last would run alone while the other
+  workers idle."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_tensor_parallel_on_a_fake_four_device_mesh():
   # pytest exits non-zero when it collects nothing, so an emptied directory fails here too.
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "SPECDEC_MULTIDEVICE": "1"}

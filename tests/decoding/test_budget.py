@@ -167,6 +167,7 @@ def test_the_choice_follows_acceptance_along_a_request(model):
 # --- losslessness ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_auto_sampling_is_lossless(small_vocab, monkeypatch):  # noqa: F811
   target, draft = small_vocab
   s = S.Sampling(1.0, 0, 1.0)

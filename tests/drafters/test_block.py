@@ -287,6 +287,7 @@ def _joint_loss(target, cfgs):
   return loss_fn
 
 
+@pytest.mark.slow
 def test_trained_drafter_is_accepted(target):
   kw = dict(num_layers=1, block_size=8, target_layer_ids=(0, 1))
   cfgs = [

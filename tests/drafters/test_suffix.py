@@ -34,6 +34,7 @@ def _occurrences(seqs, pattern) -> int:
   return sum(list(s[i : i + n]) == pattern for s in seqs for i in range(len(s) - n + 1))
 
 
+@pytest.mark.slow
 def test_drafts_and_acceptance_match_arctic_on_the_recorded_stream():
   # Every step of arctic's own run, from the context it drafted from: the same draft, match
   # length, float32 score and accepted count, except where arctic broke a tie between equally
