@@ -16,6 +16,8 @@ def get_config():
       "eagle3": "zoo:eagle3",
       "block8": "zoo:block8",
       "block16": "zoo:block16",
+      "dflash2": "zoo:dflash2",
+      "dspark": "zoo:dspark",
     }
   )
   c.dtype = "float32"  # CPU default; bfloat16 on GPU
@@ -28,7 +30,7 @@ def get_config():
   # True: prompts go through the target's chat template (raw otherwise; documents always raw)
   c.chat_template = False
   # The first batch of each (cell, leg) is warm-up: >= 2 x max(batches). 2 prompts x 32 tokens and
-  # 3 values of k keep the CPU run under 5 minutes (a 2048-token prefill takes 1.6 s there).
+  # 3 values of k keep the CPU run of nine methods under 5 minutes.
   c.n_prompts = 2
   c.max_new_tokens = 32
   c.legs = 2
@@ -36,7 +38,9 @@ def get_config():
   # Axes: the sweep runs their product (the no-draft arm always, at k = 0).
   # "suffix" (suffix decoding) runs in configs/suffix.py, on the workload it is built for: in
   # this sweep it took 5 min 44 s on a 2-core CPU, past the 5 minutes (docs/benchmarks.md).
-  c.methods = ("null", "ngram", "draft_lm", "mtp", "eagle3", "block8", "block16")
+  c.methods = (
+    "null", "ngram", "draft_lm", "mtp", "eagle3", "block8", "block16", "dflash2", "dspark"
+  )
   c.ks = (1, 2, 4)
   # Static draft trees, beside the chains of ks, for every method that drafts trees (a method
   # that cannot is refused by name): presets of specdec/lab/trees.py or tuples of paths such as
@@ -44,9 +48,12 @@ def get_config():
   # paths, nested; default the library's binary trees of 2, 4, 8, 16 nodes); none here
   # (configs/trees.py sweeps them).
   c.trees = ()
-  # Context lengths up to the zoo target's 2048 positions (prompt + max_new_tokens + k + 1 fit).
+  # Context lengths within the zoo target's 4096 positions (prompt + max_new_tokens + k + 1 fit).
+  # 1024 at most here: a prompt is padded to a power-of-two bucket and a CPU prefill grows ~T^2
+  # (1024 tokens 0.44 s, 2048 2.2 s, 4000 9.5 s on a 2-core CPU): a 1536 context (a 2048 bucket)
+  # took this sweep to 5 min 14 s. `--config.prompt_tokens='(128,1024,4000)'` reaches the limit.
   # 0: prompts as they are; > 0: documents cut, other prompts extended with real text, to it.
-  c.prompt_tokens = (128, 512, 1920)
+  c.prompt_tokens = (128, 512, 1024)
   c.temperatures = (0.0,)
   c.top_ks = (0,)
   c.top_ps = (1.0,)
