@@ -39,7 +39,15 @@ def get_config():
   # "suffix" (suffix decoding) runs in configs/suffix.py, on the workload it is built for: in
   # this sweep it took 5 min 44 s on a 2-core CPU, past the 5 minutes (docs/benchmarks.md).
   c.methods = (
-    "null", "ngram", "draft_lm", "mtp", "eagle3", "block8", "block16", "dflash2", "dspark"
+    "null",
+    "ngram",
+    "draft_lm",
+    "mtp",
+    "eagle3",
+    "block8",
+    "block16",
+    "dflash2",
+    "dspark",
   )
   c.ks = (1, 2, 4)
   # Static draft trees, beside the chains of ks, for every method that drafts trees (a method

@@ -23,9 +23,9 @@ ZOO = "specdec/zoo"
 @pytest.mark.parametrize(
   "config, dtype, hand",
   [
-    # The zoo target: L=6, K=2 kv heads of H=64 (D/N = 256/8 = 32): 2 * 6 * 2 * 64 * 2 bytes.
-    (load_config(f"{ZOO}/target"), jnp.bfloat16, 3072),
-    (load_config(f"{ZOO}/target"), jnp.float8_e4m3fn, 1536),
+    # The zoo target: L=12, K=2 kv heads of H=64 (D/N = 256/8 = 32): 2 * 12 * 2 * 64 * 2 bytes.
+    (load_config(f"{ZOO}/target"), jnp.bfloat16, 6144),
+    (load_config(f"{ZOO}/target"), jnp.float8_e4m3fn, 3072),
     # GQA down to one kv head, H=40 != D/N=12: 2 * 2 * 1 * 40 * 4.
     (tiny_config(num_key_value_heads=1, head_dim=40), jnp.float32, 640),
     # MHA (K = N = 4), H = D/N = 12: 2 * 2 * 4 * 12 * 2.

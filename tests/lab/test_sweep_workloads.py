@@ -38,7 +38,9 @@ def test_the_default_sweeps_k_by_context_up_to_the_zoo_limit_for_every_drafter()
   contexts = sorted({c.prompt_tokens for c in cells})
   with open(f"{resolve_path(cfg.target)}/config.json") as f:
     room = json.load(f)["max_position_embeddings"]
-  assert len(contexts) >= 3 and contexts[-1] > room // 2
+  # The longest stops at a quarter of the target's positions: a CPU prefill grows ~T^2 and the
+  # run must stay under 5 minutes (configs/default.py says why and how to reach the limit).
+  assert len(contexts) >= 3 and contexts[-1] >= room // 4
   assert cfg.workloads == ("jax_source",) and wl.is_document_workload(cfg.workloads[0])
   # Every drafter but suffix decoding, which runs in configs/suffix.py on the workload it is for
   # (in the default sweep it took 5 min 44 s, past the 5 minutes; docs/benchmarks.md).
@@ -47,8 +49,8 @@ def test_the_default_sweeps_k_by_context_up_to_the_zoo_limit_for_every_drafter()
   assert len(drafted) == (len(cfg.methods) - 1) * len(cfg.ks) * len(contexts)
   # A document prompt is exactly prompt_tokens long, so this is the check the sweep makes.
   sweep.validate(cfg, cells, room, lambda c: c.prompt_tokens)
-  with pytest.raises(SweepError, match="exceeds the cache room of 2048"):
-    sweep.validate(cfg, cells, room, lambda c: c.prompt_tokens + 100)
+  with pytest.raises(SweepError, match=f"exceeds the cache room of {room}"):
+    sweep.validate(cfg, cells, room, lambda c: room)  # a prompt that fills every position
 
 
 def test_documents_are_cut_and_prompts_extended_to_the_exact_length():
