@@ -58,8 +58,9 @@ def get_config():
   c.trees = ()
   # Context lengths within the zoo target's 4096 positions (prompt + max_new_tokens + k + 1 fit).
   # 1024 at most here: a prompt is padded to a power-of-two bucket and a CPU prefill grows ~T^2
-  # (1024 tokens 0.44 s, 2048 2.2 s, 4000 9.5 s on a 2-core CPU): a 1536 context (a 2048 bucket)
-  # took this sweep to 5 min 14 s. `--config.prompt_tokens='(128,1024,4000)'` reaches the limit.
+  # (1024 tokens 0.44 s, 2048 2.2 s, 4000 9.5 s on a 2-core CPU): with k in {2, 4}, contexts
+  # {128, 512, 1536} (a 2048 bucket) took this sweep to 5 min 14 s.
+  # `--config.prompt_tokens='(128,1024,4000)'` reaches the limit.
   # 0: prompts as they are; > 0: documents cut, other prompts extended with real text, to it.
   c.prompt_tokens = (128, 512, 1024)
   c.temperatures = (0.0,)

@@ -141,7 +141,7 @@ def _flash_ok(q_BTNH, k_BSKH) -> bool:
   queries, a head dim cuDNN's flash kernels take, as many slots as queries."""
   H = q_BTNH.shape[-1]
   return (
-    attention_path() == "auto" and jax.default_backend() == "gpu"
+    _attention_kernels() is not None
     and q_BTNH.dtype in (jnp.bfloat16, jnp.float16) and H <= 128 and H % 8 == 0
     and q_BTNH.shape[1] == k_BSKH.shape[1]
   )  # fmt: skip
