@@ -4,8 +4,11 @@
 # (a tar in 15 MiB parts under $OUT) and the logs. Run it again at once to keep the machine warm.
 #   device run: LIMIT=540 bash experiments/device/zoo_call.sh
 #   carry: runs/corpus.tar.xz (tar -cJf runs/corpus.tar.xz -C runs corpus) and .whl (the wheels)
+# MODELS (build_zoo --models) retrains some models only; without target among them the shipped
+# specdec/zoo/target is the one the drafters train against (and it is not sent back).
 set -u
 T0=$(date +%s); LIMIT=${LIMIT:-540}; JOBS=${JOBS:-7}
+MODELS=${MODELS:-target,draft_lm,mtp,eagle3,block8,block16,dflash2,dspark}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
 mkdir -p runs/log
@@ -13,6 +16,7 @@ mkdir -p runs/log
 if [ ! -f runs/log/start ]; then
   nvidia-smi --query-gpu=name,memory.total --format=csv
   date +%s > runs/log/start
+  case ",$MODELS," in *,target,*) ;; *) mkdir -p runs/newzoo && cp -r specdec/zoo/target runs/newzoo/ ;; esac
   # The trainers' full-sequence forwards take cuDNN's fused attention only where its GPU tests
   # pass here (tests/ops/test_attention_from_zero.py); else the build runs on attend_xla.
   JAX_PLATFORMS=cuda python3 -m pytest -q -p no:cacheprovider -m gpu -o addopts= \
@@ -21,12 +25,14 @@ if [ ! -f runs/log/start ]; then
   tail -3 runs/log/gpu_tests.log; echo "SPECDEC_ATTENTION=${SPECDEC_ATTENTION:-auto}"
   XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 setsid nohup bash -c \
     "python3 -m experiments.build_zoo --corpus_dir=runs/corpus --out=runs/newzoo --jobs=$JOBS \
+     --models=$MODELS \
      > runs/log/build.log 2>&1; date +%s > runs/log/DONE" > /dev/null 2>&1 < /dev/null &
   sleep 2
 fi
 while [ $(( $(date +%s) - T0 )) -lt "$LIMIT" ] && [ ! -f runs/log/DONE ]; do sleep 5; done
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
-done_dirs=$(cd runs && for d in newzoo/*; do [ -f "$d/training.json" ] && echo "$d"; done)
+done_dirs=$(cd runs && for d in newzoo/*; do
+  [ -f "$d/training.json" ] && [[ ",$MODELS," == *",${d#newzoo/},"* ]] && echo "$d"; done)
 echo "finished:" $done_dirs
 [ -n "$done_dirs" ] && tar -cf - -C runs $done_dirs | split -b 15M - "$OUT/zoo.tar."
 tar -czf "$OUT/logs.tgz" runs/log /tmp/zoo_ckpt/*.log 2>/dev/null

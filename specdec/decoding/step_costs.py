@@ -3,9 +3,10 @@
 `measure` times the compiled decode chunk at each tier (a chain's k or a tree, each its own step) on
 whatever backend is present: a prefilled batch at a given context and cache size, `n_steps` steps in
 one on-device loop per call, every draft rejected (so each call does the same work at the same
-context), the first call (compile and warm-up) discarded, the median of `reps` calls divided by
-n_steps. Acceptance runs greedy. Under a mesh it times the sharded step `generate` runs there (the
-target's params and the state placed as `generate` places them, the chunk under the mesh).
+context), a first round over the tiers (compile and warm-up) discarded, then `reps` rounds with the
+tiers interleaved; the median of each tier's calls divided by n_steps. Acceptance runs greedy.
+Under a mesh it times the sharded step `generate` runs there (the target's params and the state
+placed as `generate` places them, the chunk under the mesh).
 `cost_curve` keys the result by everything that changes it (target config, drafter, device kind,
 mesh shape, batch, dtypes, tiers, slots, context) and keeps it as a JSON file under the user cache
 directory, so the next decode of those conditions loads it.
@@ -70,7 +71,7 @@ def cache_key(
 
 def measure(
   model, drafter, budget: Budget, batch: int, slots: int, context: int, n_steps: int = 16,
-  reps: int = 5, kv_dtype=None, mesh=None,
+  reps: int = 7, kv_dtype=None, mesh=None,
 ) -> np.ndarray:  # fmt: skip
   """Seconds per step at each tier of `budget` ([N]) for `batch` rows in caches of `slots` slots
   whose context holds `context` tokens (fewer steps than n_steps where the slots run out); under
@@ -95,26 +96,31 @@ def measure(
   if mesh is not None:  # as `generate` runs under a mesh: inputs replicated, params placed
     model = sharding.on_mesh(model, mesh)
     lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), sharding.replicated(mesh))
-  seconds = []
+
+  def timed(sc: StepConfig, label: str) -> float:
+    st = prefill(
+      model.params, drafter.params, jnp.asarray(prompt_BT), lengths_B, max_new_B,
+      jax.random.key(0), sc, slots, reject=True,
+    )  # fmt: skip
+    if mesh is not None:
+      st = jax.device_put(st, sharding.decode_state_shardings(st, mesh))
+    jax.block_until_ready(st)
+    t0 = time.perf_counter()
+    st = jax.block_until_ready(decode_chunk(model.params, drafter.params, st, sc, n_steps))
+    dt = time.perf_counter() - t0
+    if int(np.asarray(st.steps).min()) != n_steps:
+      raise RuntimeError(f"measure: the {label} chunk stopped before {n_steps} steps")
+    return dt
+
   with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
     base = StepConfig(model.config, model.dtype, drafter, 0, Sampling(), "greedy", (), kv_dtype)
-    for i, sc in enumerate(tier_configs(base, budget)):
-      times = []
-      for _ in range(reps + 1):
-        st = prefill(
-          model.params, drafter.params, jnp.asarray(prompt_BT), lengths_B, max_new_B,
-          jax.random.key(0), sc, slots, reject=True,
-        )  # fmt: skip
-        if mesh is not None:
-          st = jax.device_put(st, sharding.decode_state_shardings(st, mesh))
-        jax.block_until_ready(st)
-        t0 = time.perf_counter()
-        st = jax.block_until_ready(decode_chunk(model.params, drafter.params, st, sc, n_steps))
-        times.append(time.perf_counter() - t0)
-        if int(np.asarray(st.steps).min()) != n_steps:
-          raise RuntimeError(f"measure: the {budget.label(i)} chunk stopped before {n_steps} steps")
-      seconds.append(float(np.median(times[1:])) / n_steps)
-  return np.asarray(seconds)
+    tiers = list(enumerate(tier_configs(base, budget)))
+    for i, sc in tiers:  # compile and warm up every tier first: this round is discarded
+      timed(sc, budget.label(i))
+    # Tiers interleaved within each round, so drift over the rounds (clocks, heat) lands on
+    # every tier alike instead of on whichever was timed first.
+    times_RN = [[timed(sc, budget.label(i)) for i, sc in tiers] for _ in range(reps)]
+  return np.median(np.asarray(times_RN), 0) / n_steps
 
 
 def cost_curve(
