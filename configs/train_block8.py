@@ -26,7 +26,7 @@ def get_config():
   c.train_file = "train.npy"  # in the corpus dir (or a path: the zoo build's self-distilled stream)
   c.seq_len = 1024
   c.batch_size = 32
-  c.steps = 3000
+  c.steps = 6000
   c.lr = 1e-3
   c.warmup = 100
   c.weight_decay = 0.01

@@ -12,6 +12,6 @@ def get_config():
   c.drafter = ml_collections.ConfigDict({"chain": {"depth": 7, "origins": 32}})
   c.loss = ml_collections.ConfigDict()
   c.batch_size = 16
-  c.steps = 2000
+  c.steps = 4000
   c.eval_k = 7
   return c
