@@ -7,7 +7,8 @@ MTP, EAGLE-3, DFlash block b=8 and b=16 and DFlash2 on that data.
 A model already finished in --out is kept (specdec.training.zoo), so a run cut short resumes at
 the first unfinished model; --retrain starts from scratch. --models picks models: after
 `--models=target,selfdistill`, one process per drafter (`--models=eagle3`, ...) can share the
-GPU; `--jobs=N` does that itself, N drafters at a time.
+GPU; `--jobs=N` does that itself, N drafters at a time. --models may name issue 23's ablations
+(configs/ablations.py), which train against the target in --out like the zoo's drafters.
 Time on one H200: docs/zoo.md.
 """
 
@@ -16,6 +17,7 @@ import sys
 
 from absl import app, flags, logging
 
+from configs import ablations
 from configs.zoo import CONFIGS
 from specdec import xla_env
 from specdec.training import zoo
@@ -27,12 +29,13 @@ _RETRAIN = flags.DEFINE_bool("retrain", False, "retrain models that --out alread
 _MODELS = flags.DEFINE_list(
   "models",
   list(zoo.MODELS),
-  "models to train ('selfdistill': the drafters' data alone)",
+  "models to train ('selfdistill': the drafters' data alone; ablations by name)",
 )
 flags.register_validator(
   "models",
-  lambda names: set(names) <= {*zoo.MODELS, "selfdistill"},
-  f"--models: each must be one of {', '.join((*zoo.MODELS, 'selfdistill'))}",
+  lambda names: set(names) <= {*zoo.MODELS, "selfdistill", *ablations.ABLATIONS},
+  f"--models: each must be one of {', '.join((*zoo.MODELS, 'selfdistill'))} or an ablation "
+  f"({', '.join(ablations.ABLATIONS)})",
 )
 _JOBS = flags.DEFINE_integer(
   "jobs", 1, "> 1: after the target and the data, the drafters train in this many processes at once"
@@ -44,13 +47,15 @@ def main(argv):
   xla_env.apply_defaults()
   logging.set_verbosity(logging.WARNING)
   configs = {name: module.get_config() for name, module in CONFIGS.items()}
+  kinds = {name: ablations.kinds()[name] for name in _MODELS.value if name in ablations.ABLATIONS}
+  configs.update({name: ablations.get_config(name) for name in kinds})
   models = tuple(_MODELS.value)
   drafters = [m for m in models if m not in ("target", "selfdistill")]
   if _JOBS.value <= 1 or len(drafters) <= 1:
-    zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value, models)
+    zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value, models, kinds)
     return
   first = tuple(m for m in models if m == "target") + ("selfdistill",)
-  zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value, first)
+  zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value, first, kinds)
   env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # memory as each one needs it
   cmds = {name: drafter_command(name) for name in drafters}
   failed = zoo.side_by_side(cmds, _JOBS.value, _CKPT.value, env)

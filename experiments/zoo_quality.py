@@ -3,7 +3,9 @@
 python -m experiments.zoo_quality --corpus_dir=runs/corpus [--n_humaneval=164] [--zoo_dir=DIR]
 
 --zoo_dir measures a zoo that is not (yet) the shipped one, e.g. a build in progress: every learned
-drafter whose directory it holds is measured against its target.
+drafter whose directory it holds is measured against its target. --models picks drafters there,
+issue 23's ablations (configs/ablations.py) among them; --n_humaneval=0 skips the target's syntax
+rate and a missing --corpus_dir its perplexity.
 """
 
 import json
@@ -14,6 +16,7 @@ import numpy as np
 from absl import app, flags
 
 import specdec
+from configs import ablations
 from specdec import xla_env
 from specdec.checkpoint.zoo import ZOO_DIR
 from specdec.lab import zoo_quality
@@ -24,6 +27,13 @@ _N = flags.DEFINE_integer("n_humaneval", 164, "HumanEval prompts for the syntax 
 _TAU_PROMPTS = flags.DEFINE_integer("tau_prompts", 16, "HumanEval prompts for the tau table")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "model dtype")
 _ZOO = flags.DEFINE_string("zoo_dir", ZOO_DIR, "the zoo to measure (target/, draft_lm/, drafters)")
+_MODELS = flags.DEFINE_list("models", None, "drafters to measure (default: the zoo's in --zoo_dir)")
+flags.register_validator(
+  "models",
+  lambda names: names is None or set(names) <= {*MODELS[1:], *ablations.ABLATIONS},
+  f"--models: each must be one of {', '.join(MODELS[1:])} or an ablation "
+  f"({', '.join(ablations.ABLATIONS)})",
+)
 
 
 def zoo(name: str) -> str:
@@ -34,22 +44,29 @@ def main(argv):
   del argv
   xla_env.apply_defaults()
   dtype = jnp.dtype(_DTYPE.value)
+  names = _MODELS.value or [m for m in MODELS[1:] if os.path.isdir(zoo(m))]
+  kinds = {name: ablations.kinds().get(name, name) for name in names}
+  missing = [zoo(name) for name in names if not os.path.isdir(zoo(name))]
+  if missing:
+    raise app.UsageError(f"--models: no such drafter directory: {', '.join(missing)}")
   target = specdec.load(zoo("target"), dtype=dtype)
-  draft = specdec.load(zoo("draft_lm"), dtype=dtype)
   out = {}
   if _CORPUS.value:
     held = np.load(f"{_CORPUS.value}/heldout.npy")
-    out["ppl"] = {
-      "target": zoo_quality.heldout_ppl(target, held),
-      "draft_lm": zoo_quality.heldout_ppl(draft, held),
-    }
-  parse, body = zoo_quality.humaneval_syntax(target, n=_N.value)
-  out["humaneval_parse"], out["humaneval_parse_nonempty"] = parse, body
-  drafters = {"ngram": specdec.drafters.ngram(), "draft_lm": specdec.drafters.draft_lm(draft)}
-  for name in MODELS:
-    if name not in drafters and name != "target" and os.path.isdir(zoo(name)):
+    out["ppl"] = {"target": zoo_quality.heldout_ppl(target, held)}
+    if "draft_lm" in names:
+      draft = specdec.load(zoo("draft_lm"), dtype=dtype)
+      out["ppl"]["draft_lm"] = zoo_quality.heldout_ppl(draft, held)
+  if _N.value:
+    parse, body = zoo_quality.humaneval_syntax(target, n=_N.value)
+    out["humaneval_parse"], out["humaneval_parse_nonempty"] = parse, body
+  drafters = {"ngram": specdec.drafters.ngram()}
+  for name in names:
+    if kinds[name] == "draft_lm":
+      drafters[name] = specdec.drafters.draft_lm(specdec.load(zoo(name), dtype=dtype))
+    else:
       drafters[name] = specdec.load_drafter(zoo(name), target)
-  out["tau"] = zoo_quality.tau_table(target, drafters, n_prompts=_TAU_PROMPTS.value)
+  out["tau"] = zoo_quality.tau_table(target, drafters, n_prompts=_TAU_PROMPTS.value, kinds=kinds)
   out["bars"] = zoo_quality.bar_checks(out["tau"])
   print(json.dumps(out, indent=1))
 

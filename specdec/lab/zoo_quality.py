@@ -61,13 +61,14 @@ def bar_k(name: str) -> int:
 
 
 def tau_table(target, drafters: dict, ks=(4, 8), temperatures=(0.0, 0.6), n_prompts=16,
-              max_new_tokens=96, top_p=0.95) -> list[dict]:  # fmt: skip
+              max_new_tokens=96, top_p=0.95, kinds=None) -> list[dict]:  # fmt: skip
   """tau and acceptance rate per (drafter, k, T) on the first n HumanEval prompts (k per
-  `quality_ks`)."""
+  `quality_ks` of the drafter's zoo model: kinds[name], or the name itself)."""
+  kinds = kinds or {}
   prompts = [p.text for p in workload.select(workload.load_humaneval(), n_prompts)]
   rows = []
   for name, drafter in drafters.items():
-    for k in quality_ks(name, ks):
+    for k in quality_ks(kinds.get(name, name), ks):
       for t in temperatures:
         g = specdec.generate(
           target, prompts, max_new_tokens=max_new_tokens, temperature=t,

@@ -14,6 +14,7 @@ import time
 from specdec.training import drafter, lm, selfdistill
 
 MODELS = ("target", "draft_lm", "mtp", "eagle3", "block8", "block16", "dflash2", "dspark")
+SELF_DISTILLED = "self_distilled"  # a drafter config key: False trains on the corpus instead
 
 
 def finished(path: str) -> bool:
@@ -27,20 +28,25 @@ def build(
   ckpt_dir: str,
   retrain: bool = False,
   models: tuple[str, ...] = MODELS,
+  kinds: dict[str, str] | None = None,
 ):
   """Trains every model of `models` (configs[name]: its training config) that `out` does not hold
   finished (all of them with `retrain`); configs["selfdistill"] (a DistillConfig's fields) sets
   the drafters' data, and "selfdistill" in `models` builds that data alone. Separate processes
-  can so train the drafters side by side once the target and the data exist. Returns the names
-  trained, in order."""
-  unknown = sorted(set(models) - {*MODELS, "selfdistill"})
+  can so train the drafters side by side once the target and the data exist. `kinds` names
+  models outside the zoo (ablations) and the zoo model each trains as; they train after the
+  zoo's, into out/NAME. Returns the names trained, in order."""
+  kinds = {**{name: name for name in MODELS}, **(kinds or {})}
+  unknown = sorted(set(models) - {*kinds, "selfdistill"})
   if unknown:
-    raise ValueError(f"zoo models {unknown}: not among {(*MODELS, 'selfdistill')}")
+    raise ValueError(f"zoo models {unknown}: not among {(*kinds, 'selfdistill')}")
+  if any(kinds[name] == "target" for name in set(kinds) - set(MODELS)):
+    raise ValueError("zoo models: an ablation of the target would not be the drafters' target")
   target = os.path.join(out, "target")
   if "target" not in models and not finished(target):
     raise ValueError(f"{target}: the target is not finished; build it first (models=target)")
   trained, stream = [], None
-  for name in (*MODELS, "selfdistill"):
+  for name in (*kinds, "selfdistill"):
     path, ckpt = os.path.join(out, name), os.path.join(ckpt_dir, name)
     if name not in models or (finished(path) and not retrain):
       continue
@@ -55,8 +61,9 @@ def build(
       stream = selfdistill.build(target, corpus, os.path.join(ckpt_dir, "selfdistill"), sd)
     if name == "selfdistill":
       continue
-    cfg.train_file = os.path.abspath(stream)
-    if name == "draft_lm":
+    if cfg.get(SELF_DISTILLED, True):
+      cfg.train_file = os.path.abspath(stream)
+    if kinds[name] == "draft_lm":
       cfg.teacher = target
       lm.train(cfg, corpus_dir, path, ckpt)
     else:

@@ -25,3 +25,19 @@ def test_bars_read_greedy_rows_at_the_bar_k_and_dflash2_dspark_against_block8():
     "block16": (15, 4.4, 4.5, False), "draft_lm": (8, 3.0, 3.0, True),
     "dflash2": (7, 3.6, 3.5, True), "dspark": (8, 3.4, 3.5, False),
   }  # fmt: skip
+
+
+def test_zoo_quality_refuses_unknown_or_missing_drafters_in_one_line(tmp_path):
+  import os
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  cmd = [sys.executable, "-m", "experiments.zoo_quality", f"--zoo_dir={tmp_path}"]
+  for flag, says in [
+    ("--models=bogus", "--models: each must be one of draft_lm, mtp, eagle3"),
+    ("--models=eagle3_ttt4", f"no such drafter directory: {tmp_path}/eagle3_ttt4"),
+  ]:
+    proc = subprocess.run(cmd + [flag], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert says in proc.stderr

@@ -133,3 +133,30 @@ def test_build_zoo_refuses_an_unknown_model_in_one_line(tmp_path):
   assert proc.returncode != 0 and "Traceback" not in proc.stderr
   assert "--models: each must be one of target, draft_lm" in proc.stderr
   assert not any(tmp_path.iterdir())
+
+
+def test_build_trains_an_ablation_as_its_zoo_model_into_its_own_directory(tmp_path, monkeypatch):
+  calls, heads = [], []
+  monkeypatch.setattr(zoo.lm, "train", _fake_train(calls))
+  monkeypatch.setattr(zoo.drafter, "train", _fake_train(heads))
+  monkeypatch.setattr(zoo.selfdistill, "build", lambda t, c, o, cfg: f"{o}/distill.npy")
+  out = str(tmp_path / "zoo")
+  configs = {name: ml_collections.ConfigDict() for name in (*zoo.MODELS, "selfdistill")}
+  configs["lm_wide"] = ml_collections.ConfigDict()
+  configs["head_corpus"] = ml_collections.ConfigDict({zoo.SELF_DISTILLED: False})
+  kinds = {"lm_wide": "draft_lm", "head_corpus": "block8"}
+  with pytest.raises(ValueError, match=r"zoo models \['head_corpus'\]"):  # not told its kind
+    zoo.build(configs, "corpus", out, "ckpt", models=("target", "head_corpus"))
+  with pytest.raises(ValueError, match="ablation of the target"):
+    zoo.build(configs, "corpus", out, "ckpt", models=("target",), kinds={"t2": "target"})
+  models = ("target", "head_corpus", "lm_wide")
+  assert zoo.build(configs, "corpus", out, "ckpt", models=models, kinds=kinds) == [
+    "target", "lm_wide", "head_corpus",
+  ]  # fmt: skip
+  trained = dict(calls + heads)
+  assert trained["lm_wide"]["teacher"] == f"{out}/target"  # a draft LM: distilled, as draft_lm
+  assert trained["lm_wide"]["train_file"] == os.path.abspath("ckpt/selfdistill/distill.npy")
+  assert trained["head_corpus"]["target"] == os.path.abspath(f"{out}/target")
+  assert "train_file" not in trained["head_corpus"]  # the recipe's own file: the corpus's
+  assert [name for name, _ in heads] == ["head_corpus"]
+  assert os.path.exists(f"{out}/lm_wide/training.json")

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import train_draft_lm, train_target
+from configs import ablations, train_draft_lm, train_target
 from configs.zoo import CONFIGS
 from specdec.drafters.block_config import build_target_layer_ids
 from specdec.training import drafter, lm
@@ -67,3 +67,38 @@ def test_a_trainer_can_export_the_speculators_format(tmp_path, target12, name):
   config = json.loads((tmp_path / "config.json").read_text())
   assert "speculators_model_type" in config
   assert specdec.load_drafter(str(tmp_path), target12) is not None
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in d.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+  return out
+
+
+@pytest.mark.parametrize("name", sorted(ablations.ABLATIONS))
+def test_each_ablation_is_its_zoo_recipe_with_only_its_keys_changed(target12, name):
+  kind, changes, _ = ablations.ABLATIONS[name]
+  base, cfg = (
+    _flat(CONFIGS[kind].get_config().to_dict()),
+    _flat(ablations.get_config(name).to_dict()),
+  )
+  changed = {k: v for k, v in cfg.items() if base.get(k, "absent") != v}
+  assert changed == {k: v for k, v in changes.items() if base.get(k, "absent") != v}
+  assert set(cfg) - set(base) <= {"self_distilled"}
+  if kind != "draft_lm":  # the changed recipe still builds against a 12-layer target
+    rng = np.random.default_rng(0)
+    train, held = rng.integers(0, 64, 4000), rng.integers(0, 64, 1000)
+    method = drafter.build_method(ablations.get_config(name), target12, train, held)
+    jax.eval_shape(method.init, jax.random.key(0))
+
+
+def test_an_ablation_of_a_key_the_recipe_lacks_is_refused(monkeypatch):
+  monkeypatch.setitem(ablations.ABLATIONS, "typo", ("block8", {"drafter.num_layer": 3}, ""))
+  with pytest.raises(KeyError, match="drafter.num_layer is not a key of the block8 recipe"):
+    ablations.get_config("typo")
+  with pytest.raises(ValueError, match="ablation 'nope'"):
+    ablations.get_config("nope")
