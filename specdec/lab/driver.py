@@ -217,7 +217,8 @@ def compile_cells(
   """((executables built, of which cache loads), wall seconds) of building every cell's shapes
   ahead of time, once per shape (cells whose prompts share a bucket, or that differ only in seed,
   share executables): lowered on this thread in the cells' order (see `generate.lower_ahead`: a
-  rerun then finds every executable in the persistent cache), compiled on `workers` threads.
+  rerun then finds every executable in the persistent cache), each new one compiled on one of
+  `workers` threads as soon as it is lowered, so compiles overlap the lowering of later cells.
   workers = 0: nothing ahead, each cell compiles what it runs."""
   if workers == 0:
     return (0, 0), 0.0
@@ -226,22 +227,26 @@ def compile_cells(
   for c in cells:
     shape = dataclasses.replace(c, workload="", prompt_tokens=runner.bucket(c), sample_seed=0)
     shapes.setdefault(shape, c)
-  unique = {}
-  with CompileCounter() as eager:  # quantizing a target format, small eager ops
-    for c in tqdm(
-      shapes.values(), desc="lowering ahead", unit="cells", disable=not progress, file=sys.stderr
-    ):
-      for lowered in runner.lower_ahead(c):
-        unique.setdefault(hashlib.sha256(lowered.as_text().encode()).digest(), lowered)
-  built, hits = eager.count, eager.hits
-  bar = tqdm(
-    total=len(unique), desc="compiling ahead", unit="executables", disable=not progress,
-    file=sys.stderr,
-  )  # fmt: skip
+  seen, futures = set(), []
   with ThreadPoolExecutor(max_workers=workers) as pool:
-    for done in as_completed([pool.submit(compile_lowered, lw) for lw in unique.values()]):
+    with CompileCounter() as eager:  # quantizing a target format, small eager ops
+      for c in tqdm(
+        shapes.values(), desc="lowering ahead", unit="cells", disable=not progress,
+        file=sys.stderr,
+      ):  # fmt: skip
+        for lowered in runner.lower_ahead(c):
+          key = hashlib.sha256(lowered.as_text().encode()).digest()
+          if key not in seen:
+            seen.add(key)
+            futures.append(pool.submit(compile_lowered, lowered))
+    built, hits = eager.count, eager.hits
+    bar = tqdm(
+      total=len(futures), desc="compiling ahead", unit="executables", disable=not progress,
+      file=sys.stderr,
+    )  # fmt: skip
+    for done in as_completed(futures):
       c = done.result()
       built, hits = built + c.count, hits + c.hits
       bar.update()
-  bar.close()
+    bar.close()
   return (built, hits), time.perf_counter() - t0

@@ -122,3 +122,35 @@ def test_cells_lower_on_the_calling_thread_in_order_and_compile_on_workers():
   assert lowered_on == [("ngram", 1, me), ("ngram", 3, me)]  # the third shares the first's shapes
   assert sorted(t for t, _ in compiled_on) == ["prefill ngram", "step ngram 1", "step ngram 3"]
   assert all(tid != me for _, tid in compiled_on)
+
+
+def test_compiles_start_while_later_cells_are_still_lowering():
+  import threading
+
+  from specdec.lab.sweep import Cell
+
+  first_compiled = threading.Event()
+  waited = []
+
+  class FakeLowered:
+    def __init__(self, text):
+      self.text = text
+
+    def as_text(self):
+      return self.text
+
+    def compile(self):
+      first_compiled.set()
+
+  class FakeRunner:
+    def bucket(self, cell):
+      return 64
+
+    def lower_ahead(self, cell):
+      if cell.k == 3:  # the last cell lowers only once an earlier module has compiled
+        waited.append(first_compiled.wait(timeout=10))
+      return [FakeLowered(f"step {cell.k}")]
+
+  cell = Cell("ngram", 1, "w", 0, 0.0, 0, 1.0, "greedy", "bf16", "model", 1, 0)
+  driver.compile_cells(FakeRunner(), [cell, dataclasses.replace(cell, k=3)], workers=1)
+  assert waited == [True]
