@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device measurements one after another, each cut so the call ends inside its limit; outputs and
-# logs under $OUT. JOBS names them: mesh hybrid dense budget tree sweep.
+# logs under $OUT. JOBS names them: mesh hybrid dense budget budget4k tree sweep default.
 #   device run: JOBS="budget sweep" LIMIT=570 bash experiments/device/measure.sh   (carry .whl)
 set -u
 T0=$(date +%s); LIMIT=${LIMIT:-570}
@@ -23,6 +23,9 @@ for job in ${JOBS}; do
     hybrid) run hybrid python3 -m experiments.bench_hybrid --out="$OUT/moe" ;;
     dense) run dense python3 -m experiments.bench_hybrid --shape=dense27b --out="$OUT/dense" ;;
     budget) run budget python3 -m experiments.bench_budget --out="$OUT" ;;
+    budget4k)  # issue 26 item 5(b) at another context: the chains and auto only
+      run budget4k python3 -m experiments.bench_budget --out="$OUT/4k" --prompt_tokens=4096 \
+        --profiles=high,low,high_low --trees= ;;
     tree) run tree python3 -m experiments.bench_tree_verify --widths=4,8,16,32 --out="$OUT" ;;
     sweep)  # issue 22 item 5: the k-only sweep cold, then again with a fresh --out (cache hits)
       S="python3 -m experiments.sweep --config.dtype=bfloat16 --config.n_prompts=5
@@ -31,6 +34,9 @@ for job in ${JOBS}; do
       export SPECDEC_COMPILE_CACHE=/tmp/cc1
       TAILN=14 run sweep_cold $S --out=/tmp/sw_a
       TAILN=14 run sweep_rerun $S --out=/tmp/sw_b ;;
+    default)  # issue 22 item 5: the default sweep (k x context, every drafter) in bf16, cold
+      TAILN=14 run default python3 -m experiments.sweep --config.dtype=bfloat16 --noplots \
+        --out=/tmp/sw_default ;;
     *) echo "unknown job $job" ;;
   esac
 done
