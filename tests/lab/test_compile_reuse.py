@@ -87,6 +87,32 @@ def test_compiled_ahead_the_cells_build_nothing(tmp_path, capsys):
   assert 4 <= built <= 10
 
 
+class FakeLowered:
+  """A `Lowered` whose module text is `text` and whose compile calls on_compile(text)."""
+
+  def __init__(self, text, on_compile):
+    self.text, self.on_compile = text, on_compile
+
+  def as_text(self):
+    return self.text
+
+  def compile(self):
+    self.on_compile(self.text)
+
+
+class FakeRunner:
+  """Cells in one bucket; lower_ahead(cell) gives what `lower(cell)` returns."""
+
+  def __init__(self, lower):
+    self.lower = lower
+
+  def bucket(self, cell):
+    return 64
+
+  def lower_ahead(self, cell):
+    return self.lower(cell)
+
+
 def test_cells_lower_on_the_calling_thread_in_order_and_compile_on_workers():
   # Lowering order decides Mosaic GPU kernels' module text, hence the persistent-cache keys: the
   # sweep lowers on one thread in the cells' order (the same in every run) and dedupes equal
@@ -97,27 +123,17 @@ def test_cells_lower_on_the_calling_thread_in_order_and_compile_on_workers():
 
   lowered_on, compiled_on = [], []
 
-  class FakeLowered:
-    def __init__(self, text):
-      self.text = text
+  def compiled(text):
+    compiled_on.append((text, threading.get_ident()))
 
-    def as_text(self):
-      return self.text
-
-    def compile(self):
-      compiled_on.append((self.text, threading.get_ident()))
-
-  class FakeRunner:
-    def bucket(self, cell):
-      return 64
-
-    def lower_ahead(self, cell):
-      lowered_on.append((cell.method, cell.k, threading.get_ident()))
-      return [FakeLowered(f"prefill {cell.method}"), FakeLowered(f"step {cell.method} {cell.k}")]
+  def lower(cell):
+    lowered_on.append((cell.method, cell.k, threading.get_ident()))
+    texts = f"prefill {cell.method}", f"step {cell.method} {cell.k}"
+    return [FakeLowered(t, compiled) for t in texts]
 
   cell = Cell("ngram", 1, "w", 0, 0.0, 0, 1.0, "greedy", "bf16", "model", 1, 0)
   cells = [cell, dataclasses.replace(cell, k=3), dataclasses.replace(cell, workload="v")]
-  driver.compile_cells(FakeRunner(), cells, workers=2)
+  driver.compile_cells(FakeRunner(lower), cells, workers=2)
   me = threading.get_ident()
   assert lowered_on == [("ngram", 1, me), ("ngram", 3, me)]  # the third shares the first's shapes
   assert sorted(t for t, _ in compiled_on) == ["prefill ngram", "step ngram 1", "step ngram 3"]
@@ -129,28 +145,13 @@ def test_compiles_start_while_later_cells_are_still_lowering():
 
   from specdec.lab.sweep import Cell
 
-  first_compiled = threading.Event()
-  waited = []
+  first_compiled, waited = threading.Event(), []
 
-  class FakeLowered:
-    def __init__(self, text):
-      self.text = text
-
-    def as_text(self):
-      return self.text
-
-    def compile(self):
-      first_compiled.set()
-
-  class FakeRunner:
-    def bucket(self, cell):
-      return 64
-
-    def lower_ahead(self, cell):
-      if cell.k == 3:  # the last cell lowers only once an earlier module has compiled
-        waited.append(first_compiled.wait(timeout=10))
-      return [FakeLowered(f"step {cell.k}")]
+  def lower(cell):
+    if cell.k == 3:  # the last cell lowers only once an earlier module has compiled
+      waited.append(first_compiled.wait(timeout=10))
+    return [FakeLowered(f"step {cell.k}", lambda _: first_compiled.set())]
 
   cell = Cell("ngram", 1, "w", 0, 0.0, 0, 1.0, "greedy", "bf16", "model", 1, 0)
-  driver.compile_cells(FakeRunner(), [cell, dataclasses.replace(cell, k=3)], workers=1)
+  driver.compile_cells(FakeRunner(lower), [cell, dataclasses.replace(cell, k=3)], workers=1)
   assert waited == [True]
