@@ -1,12 +1,16 @@
+import gc
 import os
+
+import pytest
 
 # Tests run on CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # No persistent compilation cache in tests: loading a CPU executable from it segfaulted a worker
 # (inside jax's compilation_cache.get_executable_and_time), as specdec.xla_env says. A rarer
-# crash came without it (an abort inside XLA, a different small test each time, never alone):
-# `./dev test` reruns a test once only when its worker crashed (pytest-rerunfailures), and prints
-# the rerun. Tests of the cache itself run children with their own setting.
+# crash came without it (a segfault inside an XLA compile, late in a worker's run, never alone):
+# see `_bounded_memory_maps` below. `./dev test` reruns a test once only when its worker crashed
+# (pytest-rerunfailures), and prints the rerun. Tests of the cache itself run children with their
+# own setting.
 os.environ.setdefault("SPECDEC_COMPILE_CACHE", "off")
 
 # tests/multidevice needs a process with 4 fake CPU devices: tests/test_sharding.py starts one.
@@ -18,3 +22,43 @@ def pytest_collection_modifyitems(items):
   (the fake-mesh process above all) started among the last would run alone while the other
   workers idle."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def memory_maps() -> int:
+  """This process's memory mappings (0 where /proc is absent)."""
+  try:
+    with open("/proc/self/maps") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return 0
+
+
+def map_budget() -> int:
+  """60% of the kernel's per-process mapping limit (vm.max_map_count; none where unreadable)."""
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      return int(f.read()) * 3 // 5
+  except (OSError, ValueError):
+    return 0
+
+
+@pytest.fixture(autouse=True)
+def _bounded_memory_maps():
+  """XLA:CPU keeps memory mappings for every executable it has compiled (~200 for a small
+  generate), and a worker running the suite passes the kernel's limit (65530 here) within minutes;
+  its next compile then segfaults. After a test that leaves the process above the budget, drop
+  jax's compiled executables (later tests recompile what they need)."""
+  yield
+  release_if_over(map_budget())
+
+
+def release_if_over(budget: int) -> bool:
+  """Clears jax's caches (and so its executables' mappings) if this process holds more than
+  `budget` mappings (0: no budget); returns whether it did."""
+  if not budget or memory_maps() <= budget:
+    return False
+  import jax
+
+  jax.clear_caches()
+  gc.collect()
+  return True

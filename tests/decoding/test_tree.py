@@ -267,8 +267,12 @@ def test_a_wide_ngram_tree_accepts_more_per_step_than_the_chain_of_its_depth(mod
 
 
 def test_compile_ahead_builds_what_a_tree_generate_runs(model):
-  # Shapes no other test uses (bucket 32, 11 new tokens), so nothing is cached in memory.
+  # Shapes no other test uses (bucket 32, 11 new tokens: 64 cache slots), so nothing is cached
+  # in memory. A generate of 40 tokens (128 slots: other executables) first compiles the small
+  # eager ops, shaped by batch and bucket alone, that jax's caches may not hold (conftest clears
+  # them now and then).
   kw = dict(max_new_tokens=11, drafter=ngram(), tree=WIDE, min_bucket=32)
+  specdec.generate(model, PROMPTS[:2], **{**kw, "max_new_tokens": 40})
   built = generate_lib.compile_ahead(model, PROMPTS[:2], **kw)
   assert built.count >= 2  # the prefill and the tree's decode chunk
   g = specdec.generate(model, PROMPTS[:2], **kw)
