@@ -3,8 +3,8 @@
 The attention, dense-MLP, norm, embedding and head tensors go through `names.NAME_TABLE`; this
 adds the Gated DeltaNet, router and shared-expert rows, and stacks the per-expert matrices
 `model.layers.{i}.mlp.experts.{j}.{gate,up,down}_proj.weight` into one (in, out) array per layer
-and projection, [I, D, F] or [I, F, D], checking that experts 0 .. I-1 are all there. The
-same rows name the Qwen3-Next MTP head's layer under `mtp.layers.0.` (specdec.drafters.mtp).
+and projection, [I, D, F] or [I, F, D], checking that experts 0 .. I-1 are all there
+(`unstack_experts` writes them back one tensor each). The same rows name the Qwen3-Next MTP head's layer under `mtp.layers.0.` (specdec.drafters.mtp).
 Qwen3.5 splits the Gated DeltaNet input projections; `fuse_split_gdn` regroups them into
 Qwen3-Next's two.
 """
@@ -34,6 +34,7 @@ _COMPILED = tuple((re.compile(p + r"\Z"), t, tr) for p, t, tr in HYBRID_TABLE)
 _EXPERT = r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight\Z"
 _SPLIT_GDN = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 STACKED = "stacked:"  # the prefix of the names `stack_experts` gives the arrays it builds
+_STACKED_PATH = re.compile(r"layer_(\d+)/mlp/experts/(gate|up|down)_proj\Z")
 
 
 def to_path(hf_name: str) -> tuple[str, bool] | None:
@@ -56,6 +57,17 @@ def to_hf_name(path: str) -> tuple[str, bool]:
     return names.to_hf_name(path)
   except KeyError:
     return names.to_hf_name(path, HYBRID_TABLE)
+
+
+def unstack_experts(path: str, stacked, prefix: str = "model.") -> dict[str, np.ndarray] | None:
+  """The inverse of `stack_experts` for one params path: the layer's per-expert HF tensors, each
+  stored (out, in); None where `path` holds no stacked experts. prefix: as `stack_experts`'s."""
+  m = _STACKED_PATH.match(path)
+  if m is None:
+    return None
+  a = np.asarray(stacked)
+  name = f"{prefix}layers.{m[1]}.mlp.experts.{{}}.{m[2]}_proj.weight"
+  return {name.format(j): np.ascontiguousarray(a[j].T) for j in range(a.shape[0])}
 
 
 def stack_experts(

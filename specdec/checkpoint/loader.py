@@ -350,7 +350,8 @@ def load(path: str, dtype=jnp.bfloat16, fuse_projections: bool = True, mesh=None
 
 
 def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
-  """Writes `model` in the HF layout this loader reads (config, safetensors, tokenizer).
+  """Writes `model` in the HF layout this loader reads (config, safetensors, tokenizer); a hybrid
+  model (Qwen3-Next, Qwen3-MoE) with its routed experts one tensor each, as HF stores them.
 
   Quantized kernels (NVFP4 / FP8 weights) are written in `layout` ("modelopt" or
   "compressed-tensors") with the matching quantization config; dense ones as plain weights. A
@@ -369,6 +370,14 @@ def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
       "(specdec.models.fuse), which no checkpoint layout names; save the model before fusing "
       "(specdec.load(..., fuse_projections=False) keeps them separate)"
     )
+  hybrid = isinstance(model.config, HybridConfig)
+  quantized = (exl3.EXL3Weight, QuantizedWeight)
+  if hybrid and any(isinstance(v, quantized) for v in flat.values()):
+    raise ValueError(
+      f"save({path!r}): quantized {model.config.model_type} checkpoints are not supported "
+      "(specdec.load refuses them too)"
+    )
+  config = to_hf_dict(model.config)  # a model type no checkpoint is written for fails here
   os.makedirs(path, exist_ok=True)
   formats, exl3_bits = {}, []
   for key, value in flat.items():
@@ -377,7 +386,7 @@ def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
     elif isinstance(value, QuantizedWeight):
       kind = "nvfp4" if isinstance(value, NVFP4Weight) else "fp8"
       formats[names.module_of(key)] = layouts.LinearFormat(kind, layout)
-    elif key.endswith("/kernel"):
+    elif key.endswith("/kernel") and not hybrid:  # a hybrid's: never quantized (above)
       formats[names.module_of(key)] = None
   kv_cache = "FP8" if model.kv_dtype is not None and jnp.dtype(model.kv_dtype) == FP8 else None
   if kv_cache and (exl3_bits or not any(formats.values())):
@@ -401,11 +410,14 @@ def save(path: str, model, dtype=None, layout: str = "modelopt") -> None:
     if isinstance(value, QuantizedWeight):
       tensors.update(layouts.write_linear(scheme, names.module_of(key), value))
       continue
-    name, transpose = names.to_hf_name(key)
     a = np.asarray(jnp.asarray(value, dtype or value.dtype))
+    experts = hybrid_names.unstack_experts(key, a) if hybrid else None
+    if experts is not None:
+      tensors.update(experts)
+      continue
+    name, transpose = (hybrid_names.to_hf_name if hybrid else names.to_hf_name)(key)
     tensors[name] = np.ascontiguousarray(a.T if transpose else a)
   write_tensors(os.path.join(path, "model.safetensors"), tensors, {"format": "pt"})
-  config = to_hf_dict(model.config)
   if quant_config:
     config["quantization_config"] = quant_config
   _write_json(os.path.join(path, "config.json"), config)

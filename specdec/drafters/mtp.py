@@ -31,9 +31,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from specdec.checkpoint import hybrid_names
 from specdec.checkpoint import names as target_names
-from specdec.checkpoint.hybrid_names import to_hf_name as hybrid_hf_name
 from specdec.checkpoint.safetensors_io import CheckpointError, checkpoint_files
 from specdec.drafters import heads, qwen3_next_mtp, speculators
 from specdec.models import stack
@@ -224,7 +225,7 @@ def tensor_names(config: ModelConfig, layout: str) -> dict[str, tuple[str, bool]
     if qwen3_next_mtp.is_stacked(path):
       continue  # one tensor per expert: `qwen3_next_mtp.read_experts`
     if path.startswith("layer_0/"):
-      name, transpose = (hybrid_hf_name if hybrid else target_names.to_hf_name)(path)
+      name, transpose = (hybrid_names.to_hf_name if hybrid else target_names.to_hf_name)(path)
       out[path] = (layer_prefix + name.removeprefix("model.layers.0."), transpose)
     else:
       name, transpose = heads.hf_style_name(path)
@@ -356,19 +357,25 @@ def load_mtp(path: str, target, config: MTPConfig | None = None) -> MTP:
 
 def save_mtp(path: str, drafter: MTP, dtype=None) -> None:
   """Writes the head in its published layout (model.safetensors) with a config.json that records
-  the target's config and one MTP layer; `load_mtp(path, target)` reads it back."""
-  if isinstance(drafter.head_config, HybridConfig):
+  the target's config and one MTP layer; `load_mtp(path, target)` reads it back. A hybrid
+  target's head (qwen3_next layout) writes its routed experts one tensor each, as the family
+  ships them."""
+  layout = drafter.spec.layout
+  if isinstance(drafter.head_config, HybridConfig) and layout != "qwen3_next":
     raise ValueError(
-      f"save_mtp: writing an MTP head of a {drafter.head_config.model_type} target is not "
-      "supported (only loading it from the target's checkpoint is)"
+      f"save_mtp: a {drafter.head_config.model_type} target's head is written in the qwen3_next "
+      f"layout only, not {layout}"
     )
   os.makedirs(path, exist_ok=True)
-  layout = drafter.spec.layout
   flat = heads.flat_params(drafter.weights["head"])
   if _norms_stored_zero_centred(layout, drafter.head_config):
     flat = {p: v - 1.0 if p.endswith("/scale") else v for p, v in flat.items()}
+  experts = {}
+  for p in [p for p in flat if qwen3_next_mtp.is_stacked(p)]:
+    a = np.asarray(jnp.asarray(flat.pop(p), dtype))
+    experts |= hybrid_names.unstack_experts(p, a, prefix=_PREFIX["qwen3_next"])
   names = tensor_names(drafter.head_config, layout)
-  heads.write_head(os.path.join(path, "model.safetensors"), flat, names, dtype=dtype)
+  heads.write_head(os.path.join(path, "model.safetensors"), flat, names, experts, dtype=dtype)
   if layout == "speculators":
     d = speculators.mtp_dict(drafter.head_config)
   else:

@@ -289,13 +289,25 @@ def from_hf_dict(d: dict[str, Any], source: str = "config.json") -> ModelConfig:
   )
 
 
+# The model types a checkpoint is written for (the zoo), by their HF architecture. Qwen3.5's text
+# models would need their split GDN projections written back (hybrid_names.fuse_split_gdn).
+ARCHITECTURES = {
+  "qwen3": "Qwen3ForCausalLM",
+  "llama": "LlamaForCausalLM",
+  "qwen3_next": "Qwen3NextForCausalLM",
+  "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+
+
 def to_hf_dict(c: ModelConfig) -> dict[str, Any]:
   """The inverse mapping, for checkpoints we write (the zoo)."""
-  if isinstance(c, HybridConfig):
-    raise ValueError(f"writing a {c.model_type} config is not supported (only loading is)")
-  arch = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[c.model_type]
+  if c.model_type not in ARCHITECTURES:
+    raise ValueError(
+      f"writing a {c.model_type} config is not supported (only loading is); writable: "
+      f"{', '.join(ARCHITECTURES)}"
+    )
   d = {
-    "architectures": [arch],
+    "architectures": [ARCHITECTURES[c.model_type]],
     "model_type": c.model_type,
     "vocab_size": c.vocab_size,
     "hidden_size": c.hidden_size,
@@ -316,6 +328,35 @@ def to_hf_dict(c: ModelConfig) -> dict[str, Any]:
   }
   if c.model_type == "llama":
     d["mlp_bias"] = c.mlp_bias
+  if isinstance(c, HybridConfig):
+    d.update(_hybrid_hf_fields(c))
+  return d
+
+
+def _hybrid_hf_fields(c: HybridConfig) -> dict[str, Any]:
+  """The keys `_hybrid_fields` reads back to `c`: the layer schedule, GDN dims, partial RoPE and
+  the routed experts (where layers without them are `mlp_only_layers`)."""
+  d: dict[str, Any] = {"num_experts": c.num_experts}
+  if c.model_type in NEXT_FAMILY:
+    d["layer_types"] = list(c.layer_types)
+    d["partial_rotary_factor"] = c.rotary_dim / c.head_dim
+  if c.linear_layers:
+    d.update(
+      linear_num_key_heads=c.linear_num_key_heads,
+      linear_num_value_heads=c.linear_num_value_heads,
+      linear_key_head_dim=c.linear_key_head_dim,
+      linear_value_head_dim=c.linear_value_head_dim,
+      linear_conv_kernel_dim=c.linear_conv_kernel,
+    )
+  if c.num_experts:
+    d.update(
+      num_experts_per_tok=c.num_experts_per_tok,
+      moe_intermediate_size=c.moe_intermediate_size,
+      shared_expert_intermediate_size=c.shared_expert_intermediate_size,
+      norm_topk_prob=c.norm_topk_prob,
+      decoder_sparse_step=1,
+      mlp_only_layers=[i for i, routed in enumerate(c.moe_layers) if not routed],
+    )
   return d
 
 

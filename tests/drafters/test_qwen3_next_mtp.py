@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.checkpoint.safetensors_io import CheckpointError
+from specdec.checkpoint.safetensors_io import CheckpointError, read_tensors
 from specdec.drafters import heads
 from specdec.drafters.mtp import MTP, tensor_names
 from specdec.drafters.mtp import mtp as mtp_drafter
@@ -79,6 +79,18 @@ def test_greedy_identity_on_its_hybrid_target(target, drafter, ref, B, k):
   out = specdec.generate(target, prompts, max_new_tokens=20, drafter=drafter, k=k)
   assert out.tokens == base.tokens
   assert out.stats["proposed"] > 0
+
+
+def test_save_writes_the_head_it_loaded(tmp_path, target, drafter):
+  specdec.save(str(tmp_path), drafter, format="native")
+  written = read_tensors(f"{tmp_path}/model.safetensors")
+  shipped = read_tensors(f"{SOURCE}/model.safetensors")
+  assert set(written) == {n for n in shipped if n.startswith("mtp.")}  # experts one each
+  again = specdec.load_drafter(str(tmp_path), target)
+  for p, v in heads.flat_params(drafter.weights["head"]).items():
+    np.testing.assert_array_equal(
+      np.asarray(v), np.asarray(heads.flat_params(again.weights["head"])[p])
+    )
 
 
 @pytest.fixture

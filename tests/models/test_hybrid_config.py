@@ -73,8 +73,22 @@ def test_misfits_are_refused_naming_the_key(change, message):
     from_hf_dict(BASE | change, source="x/config.json")
 
 
-def test_writing_a_hybrid_config_is_refused():
+@pytest.mark.parametrize(
+  "d",
+  [BASE, BASE | dict(decoder_sparse_step=2, mlp_only_layers=[3]), BASE | dict(num_experts=0)],
+)
+def test_a_written_config_reads_back_as_the_same_config(d):
   from specdec.models.config import to_hf_dict
 
-  with pytest.raises(ValueError, match="qwen3_next config is not supported"):
-    to_hf_dict(tiny_hybrid_config())
+  c = from_hf_dict(d)
+  assert from_hf_dict(to_hf_dict(c)) == c
+  moe = from_hf_dict(BASE | dict(model_type="qwen3_moe", layer_types=None, head_dim=8))
+  assert moe.rotary_dim == 8 and "layer_types" not in to_hf_dict(moe)
+  assert from_hf_dict(to_hf_dict(moe)) == moe
+
+
+def test_writing_a_qwen3_5_config_is_refused():
+  from specdec.models.config import to_hf_dict
+
+  with pytest.raises(ValueError, match="qwen3_5_text config is not supported"):
+    to_hf_dict(tiny_hybrid_config(model_type="qwen3_5_text"))
