@@ -14,13 +14,20 @@ high, low (one miss rate for the whole request), high_low / low_high (one rate f
 whose greedy decode does not change with the verify width in bf16, so the gate can hold at every
 width; --target=random takes plain random fills.
 
+--batch B decodes B rows together, each its own random prompt and draft misses: the verify of
+B x (k+1) tokens grows with k there, so the best k depends on acceptance (at B = 1 a step costs
+about the same at every k and the largest k wins). --temperature T > 0 samples every call; the
+walk target's next token outscores the rest by tens of logits, so its samples are the greedy
+walk and the same gate applies (acceptance stays the oracle's: p(draft) is 1 or 0).
+
 Arms, per profile: the chains of --ks (and of every tree's verify width), k="auto" (the default
 tiers, its cost curve measured once before the legs and recorded), the trees of --trees; plain
 decoding once per leg. One warm-up leg (compiles, discarded), then --legs legs, each visiting
 every arm before the next starts. Every call's tokens must equal the plain greedy decode, else
 the arm's figures are withheld. Per arm: tau (emitted tokens / target forwards) and decode tok/s
-(tokens after the first / decode time), median and range over legs. Per profile: auto / the best
-fixed k (paired by leg), each tree against the chain of its verify width and the best chain.
+per row (tokens after the first / decode time), median and range over legs. Per profile: auto /
+the best fixed k (paired by leg), each tree against the chain of its verify width and the best
+chain.
 Writes OUT/bench_budget.json and prints a table.
 """
 
@@ -50,6 +57,8 @@ _OUT = flags.DEFINE_string("out", os.environ.get("OUT", "runs/bench_budget"), "o
 _TINY = flags.DEFINE_bool("tiny", False, "a 1-layer toy shape that runs on a CPU (float32 there)")
 _TARGET = flags.DEFINE_enum("target", "walk", ["walk", "random"], "random_models target")
 _FUSE = flags.DEFINE_bool("fuse", True, "fuse q/k/v and gate/up, as specdec.load does")
+_BATCH = flags.DEFINE_integer("batch", 1, "rows per call, each its own random prompt and misses")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "sampling temperature of every call")
 _PROMPT = flags.DEFINE_integer("prompt_tokens", 1024, "prompt length")
 _NEW = flags.DEFINE_integer("max_new_tokens", 256, "tokens generated per call")
 _LEGS = flags.DEFINE_integer("legs", 3, "measured legs (after one warm-up leg)")
@@ -82,6 +91,14 @@ def parse_tree(spec: str):
   raise ValueError(f"--trees: unknown tree {spec!r}; a preset ({', '.join(PRESETS)}) or binaryN")
 
 
+def walk(next_V, token: int, n: int) -> list[int]:
+  """The walk target's greedy continuation of `token`: n tokens."""
+  out = [int(next_V[token])]
+  while len(out) < n:
+    out.append(int(next_V[out[-1]]))
+  return out
+
+
 def spread(values) -> dict:
   """Median and range over legs; None where there are none or a figure is withheld."""
   if not values or any(v is None for v in values):
@@ -96,8 +113,17 @@ def paired(num, den) -> dict:
   return spread([a / b for a, b in zip(num, den, strict=True)])
 
 
-def one_call(model, prompt, answer, drafter, arm, seed, costs) -> dict:
-  """One generate call of an arm: its figures, and whether its tokens equal the answer."""
+def first_difference(rows, answers) -> int:
+  """The first position at which a row's tokens leave its answer (or either ends)."""
+  return min(
+    next((i for i, (x, y) in enumerate(zip(t, a, strict=False)) if x != y), min(len(t), len(a)))
+    for t, a in zip(rows, answers, strict=True)
+    if t != a
+  )
+
+
+def one_call(model, prompts, answers, drafter, arm, seed, costs) -> dict:
+  """One generate call of an arm: its figures, and whether every row's tokens equal its answer."""
   kw = {}
   if arm == "auto":
     kw = dict(k="auto", step_costs=costs)
@@ -106,17 +132,18 @@ def one_call(model, prompt, answer, drafter, arm, seed, costs) -> dict:
   elif arm != "plain":
     kw = dict(tree=parse_tree(arm).paths)
   g = specdec.generate(
-    model, [prompt], max_new_tokens=len(answer), drafter=drafter if kw else None, seed=seed, **kw
-  )
-  s, tokens = g.stats, g.tokens[0]
-  tpot = metrics.tpot_ms(1e3 * (s["prefill_s"] + s["decode_s"]), 1e3 * s["prefill_s"], len(tokens))
-  out = dict(
-    identical=tokens == answer, tau=s["tau"], tok_s=metrics.decode_tok_s([tpot]), steps=s["steps"],
-    alpha=s["alpha"], compiles=s["compiles"],
+    model, prompts, max_new_tokens=len(answers[0]), temperature=_TEMPERATURE.value,
+    drafter=drafter if kw else None, seed=seed, **kw,
   )  # fmt: skip
-  if tokens != answer:
-    diff = [i for i, (a, b) in enumerate(zip(tokens, answer, strict=False)) if a != b]
-    out["first_difference"] = diff[0] if diff else min(len(tokens), len(answer))
+  s = g.stats
+  n_B = [len(t) for t in g.tokens]
+  tpot_B = metrics.tpot_ms(1e3 * (s["prefill_s"] + s["decode_s"]), 1e3 * s["prefill_s"], n_B)
+  out = dict(
+    identical=g.tokens == answers, tau=s["tau"], tok_s=metrics.decode_tok_s(tpot_B),
+    steps=s["steps"], alpha=s["alpha"], compiles=s["compiles"],
+  )  # fmt: skip
+  if not out["identical"]:
+    out["first_difference"] = first_difference(g.tokens, answers)
   if arm == "auto":
     out |= dict(mean_k=s["mean_k"], tier_hist=s["tier_hist"], k_trace=s["k_trace"])
   return out
@@ -192,18 +219,17 @@ def main(argv):
   new, switch = _NEW.value, round(_SWITCH.value * _NEW.value)
   miss = {"high": _MISS_HIGH.value, "low": _MISS_LOW.value}
 
-  prompt = np.random.default_rng(0).integers(0, config.vocab_size, _PROMPT.value).tolist()
-  answer = specdec.generate(model, [prompt], max_new_tokens=new).tokens[0]  # plain greedy
+  rng, P = np.random.default_rng(0), _PROMPT.value
+  prompts = [rng.integers(0, config.vocab_size, P).tolist() for _ in range(_BATCH.value)]
+  answers = specdec.generate(model, prompts, max_new_tokens=new).tokens  # plain greedy
   walk_ok = None
   if next_V is not None:
-    walk = [int(next_V[prompt[-1]])]
-    while len(walk) < new:
-      walk.append(int(next_V[walk[-1]]))
-    walk_ok = walk == answer
-  row = prompt + answer
+    walk_ok = all(walk(next_V, p[-1], new) == a for p, a in zip(prompts, answers, strict=True))
+  rows = [p + a for p, a in zip(prompts, answers, strict=True)]
   drafters = {
     p: oracle(
-      [row], config.vocab_size, miss_profile([len(prompt)], len(row), miss[a], miss[b], switch),
+      rows, config.vocab_size,
+      miss_profile([P] * len(rows), len(rows[0]), miss[a], miss[b], switch),
       rank_scale=_RANK_SCALE.value,
     )
     for p, (a, b) in profiles.items()
@@ -212,13 +238,14 @@ def main(argv):
   if _STEP_COSTS.value:
     costs = budget.check_costs([float(c) for c in _STEP_COSTS.value])
   else:  # measured (or loaded) as generate would, recorded here
-    slots = cache_slots(prompt_bucket(len(prompt)), new, budget.k_max)
+    slots = cache_slots(prompt_bucket(P), new, budget.k_max)
     drafter = next(iter(drafters.values()))
-    costs = step_costs.cost_curve(model, drafter, budget, 1, slots, len(prompt))
+    costs = step_costs.cost_curve(model, drafter, budget, len(prompts), slots, P)
   head = dict(
     **results.environment_fields(), backend=jax.default_backend(), dtype=jnp.dtype(dtype).name,
-    batch=1, shape=shape, target=_TARGET.value, fuse=_FUSE.value, walk_matches_greedy=walk_ok,
-    prompt_tokens=len(prompt), max_new_tokens=new, legs=0, rank_scale=_RANK_SCALE.value,
+    batch=len(prompts), temperature=_TEMPERATURE.value, shape=shape, target=_TARGET.value,
+    fuse=_FUSE.value, walk_matches_greedy=walk_ok,
+    prompt_tokens=P, max_new_tokens=new, legs=0, rank_scale=_RANK_SCALE.value,
     miss=miss, switch_at=switch, tiers=list(budget.tiers), cost_curve_us=(1e6 * costs).tolist(),
     cost_curve="given" if _STEP_COSTS.value else "measured",
   )  # fmt: skip
@@ -231,7 +258,7 @@ def main(argv):
     for p, arm in cells:
       if (p, arm) in failed:
         continue
-      r = one_call(model, prompt, answer, drafters.get(p), arm, leg, costs)
+      r = one_call(model, prompts, answers, drafters.get(p), arm, leg, costs)
       if not r["identical"]:
         failed.add((p, arm))
       if leg:
@@ -255,10 +282,10 @@ def _fmt(s: dict, digits: int) -> str:
 def print_table(result: dict) -> None:
   plain = result["plain"]["tok_s"]
   print(
-    f"{result['device']}, {result['dtype']}, {result['target']} target, prompt "
-    f"{result['prompt_tokens']}, {result['max_new_tokens']} new, {result['legs']} legs; plain "
-    f"{_fmt(plain, 1)} tok/s; auto's cost curve (us/step at k = {result['tiers']}): "
-    + ", ".join(f"{c:.0f}" for c in result["cost_curve_us"])
+    f"{result['device']}, {result['dtype']}, {result['target']} target, B = {result['batch']}, "
+    f"T = {result['temperature']}, prompt {result['prompt_tokens']}, {result['max_new_tokens']} "
+    f"new, {result['legs']} legs; plain {_fmt(plain, 1)} tok/s per row; auto's cost curve "
+    f"(us/step at k = {result['tiers']}): " + ", ".join(f"{c:.0f}" for c in result["cost_curve_us"])
   )
   for p, r in result["profiles"].items():
     early, late = r["miss"]

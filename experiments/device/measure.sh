@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device measurements one after another, each cut so the call ends inside its limit; outputs and
-# logs under $OUT. JOBS names them: mesh hybrid dense budget budget4k tree sweep default.
+# logs under $OUT. JOBS names them: mesh hybrid dense budget budget4k budget_t06 budget_b32 tree
+# sweep default.
 #   device run: JOBS="budget sweep" LIMIT=570 bash experiments/device/measure.sh   (carry .whl)
 set -u
 T0=$(date +%s); LIMIT=${LIMIT:-570}
@@ -25,6 +26,12 @@ for job in ${JOBS}; do
     budget) run budget python3 -m experiments.bench_budget --out="$OUT" ;;
     budget4k)  # issue 26 item 5(b) at another context: the chains and auto only
       run budget4k python3 -m experiments.bench_budget --out="$OUT/4k" --prompt_tokens=4096 \
+        --profiles=high,low,high_low --trees= ;;
+    budget_t06)  # the same at T = 0.6, 1k context
+      run budget_t06 python3 -m experiments.bench_budget --out="$OUT/t06" --temperature=0.6 \
+        --profiles=high,low,high_low --trees= ;;
+    budget_b32)  # 32 rows: the verify's cost grows with k, so the best k follows acceptance
+      run budget_b32 python3 -m experiments.bench_budget --out="$OUT/b32" --batch=32 \
         --profiles=high,low,high_low --trees= ;;
     tree) run tree python3 -m experiments.bench_tree_verify --widths=4,8,16,32 --out="$OUT" ;;
     sweep)  # issue 22 item 5: the k-only sweep cold, then again with a fresh --out (cache hits)

@@ -132,6 +132,9 @@ def random_model(config: ModelConfig, fmt: str = "bf16", dtype=jnp.bfloat16) -> 
   return Model(config, random_params(config, fmt, jnp.dtype(dtype)), dtype=jnp.dtype(dtype))
 
 
+WALK_LOGIT = 48.0  # walk_model's logit of the next token of the walk
+
+
 def walk_model(config: ModelConfig, dtype=jnp.bfloat16, seed: int = 0) -> tuple[Model, np.ndarray]:
   """A random dense target whose greedy decode is a fixed walk over the vocabulary at any verify
   width, and that walk's next token of each token ([V]).
@@ -140,9 +143,10 @@ def walk_model(config: ModelConfig, dtype=jnp.bfloat16, seed: int = 0) -> tuple[
   GEMM rounds near-ties differently from a width-1 one), which breaks a greedy gate and an oracle
   drafter's answer. Here every layer's output projections (o_proj, down_proj) are zero, so the
   residual stream stays the current token's embedding, and the LM head holds the embedding rows
-  in the order of one random cycle through the vocabulary, so token t's logits peak at its
-  successor by a margin of about the embedding's squared norm. Shapes, dtype and the work of a
-  step are random_model's: speed does not depend on the values.
+  in the order of one random cycle through the vocabulary, scaled so that token t's successor
+  scores about WALK_LOGIT and every other token near 0 (WALK_LOGIT / sqrt(D) per unit of noise):
+  sampling at any temperature <= 1 draws the walk too. Shapes, dtype and the work of a step are
+  random_model's: speed does not depend on the values.
   """
   if config.tie_word_embeddings:
     raise BenchConfigError("walk_model needs an untied LM head (tie_word_embeddings=False)")
@@ -155,7 +159,10 @@ def walk_model(config: ModelConfig, dtype=jnp.bfloat16, seed: int = 0) -> tuple[
   next_V = np.empty_like(order_V)
   next_V[order_V] = np.roll(order_V, -1)  # one cycle: order[i] -> order[i + 1]
   prev_V = np.argsort(next_V)  # LM head column v is the embedding of the token before v
-  flat[("lm_head", "kernel")] = flat[("embed", "embedding")][jnp.asarray(prev_V)].T
+  embed_VD = flat[("embed", "embedding")].astype(jnp.float32)
+  # The final norm scales a row to RMS 1, so its dot with itself is D x its RMS.
+  scale = WALK_LOGIT / (config.hidden_size * jnp.sqrt(jnp.mean(embed_VD**2)))
+  flat[("lm_head", "kernel")] = (scale * embed_VD[jnp.asarray(prev_V)].T).astype(dtype)
   return Model(config, {"params": unflatten_dict(flat)}, dtype=jnp.dtype(dtype)), next_V
 
 

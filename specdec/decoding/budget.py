@@ -250,12 +250,12 @@ def observe(b: BudgetState, tier, running_B, n_acc_B, path_BT, budget: Budget) -
 
   A running row judged the tier's children of its accepted node at each depth j <= n_acc (a
   chain's draft j+1 while j < k) and accepted the ranks on its path: those (depth, rank) pairs
-  move by the EMA toward what was seen. Pairs the tier does not draft were not judged; they move
-  by the same EMA toward a reference, ranks past the tier's widest at a depth toward that widest
-  one, depths past the tier's deepest toward the deepest's same rank (for a chain, Leviathan's
-  geometric assumption: a constant conditional rate beyond what was tried), so a small tier does
-  not freeze the estimates that would justify a larger one. Pairs the tier drafts that the path
-  did not reach stay.
+  move by the EMA toward what was seen. The rest move by the same EMA toward a reference: at a
+  judged depth, ranks past the tier's widest toward that widest one; at every depth past the
+  deepest judged one (not drafted, or not reached), each rank toward the same rank there. For a
+  chain that is Leviathan's geometric assumption, a constant conditional rate beyond what was
+  seen: a small tier does not freeze the estimates that would justify a larger one, and after
+  acceptance drops the deep rates follow the shallow ones instead of keeping the old phase's.
   """
   _, J, o = b.alpha_BJo.shape
   j_J, r_o = jnp.arange(J), jnp.arange(o)
@@ -270,11 +270,12 @@ def observe(b: BudgetState, tier, running_B, n_acc_B, path_BT, budget: Budget) -
   pull = lambda a, where_BJo, ref: jnp.where(where_BJo, d * a + (1 - d) * ref, a)  # noqa: E731
   width_J = jnp.asarray(budget.width_NJ)[tier]
   widest_BJ1 = jnp.take_along_axis(alpha_BJo, jnp.maximum(width_J - 1, 0)[None, :, None], 2)
-  wider_Jo = (width_J[:, None] > 0) & (r_o[None, :] >= width_J[:, None])
-  alpha_BJo = pull(alpha_BJo, running_B[:, None, None] & wider_Jo, widest_BJ1)
-  deepest_B1o = alpha_BJo[:, jnp.asarray(budget.depths)[tier] - 1][:, None]
-  deeper_J = width_J == 0
-  alpha_BJo = pull(alpha_BJo, running_B[:, None, None] & deeper_J[:, None], deepest_B1o)
+  wider_Jo = r_o[None, :] >= width_J[:, None]
+  alpha_BJo = pull(alpha_BJo, reached_BJ[..., None] & wider_Jo[None], widest_BJ1)
+  deepest_B = jnp.sum(reached_BJ, 1) - 1  # reached depths are a prefix; a running row has one
+  deepest_B1o = jnp.take_along_axis(alpha_BJo, jnp.maximum(deepest_B, 0)[:, None, None], 1)
+  deeper_BJ = running_B[:, None] & (j_J[None, :] > deepest_B[:, None])
+  alpha_BJo = pull(alpha_BJo, deeper_BJ[..., None], deepest_B1o)
   one_B = running_B.astype(jnp.int32)
   return b.replace(
     alpha_BJo=alpha_BJo,

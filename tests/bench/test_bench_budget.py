@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 NEW, SWITCH = 16, 8
 
@@ -20,17 +22,20 @@ def _tau(k: int, switch: int) -> float:
   return (NEW - 1) / steps
 
 
-def test_tiny_run_gates_and_times_every_arm(tmp_path):
+@pytest.mark.parametrize("batch,temperature", [(1, 0.0), (2, 0.6)])
+def test_tiny_run_gates_and_times_every_arm(tmp_path, batch, temperature):
   cmd = [
     sys.executable, "-m", "experiments.bench_budget", "--tiny", f"--out={tmp_path}",
     "--prompt_tokens=40", f"--max_new_tokens={NEW}", "--legs=1", "--ks=1,2", "--trees=binary3",
     "--profiles=high,high_low", "--miss_high=0", "--miss_low=1", "--step_costs=1,1.1,1.2,1.4",
+    f"--batch={batch}", f"--temperature={temperature}",
   ]  # fmt: skip
   env = dict(os.environ, SPECDEC_STEP_COSTS=str(tmp_path / "costs"))
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads((tmp_path / "bench_budget.json").read_text())
   assert r["walk_matches_greedy"] and r["legs"] == 1 and r["cost_curve"] == "given"
+  assert r["batch"] == batch and r["temperature"] == temperature
   assert r["plain"]["gate"] == "greedy tokens identical" and r["plain"]["tok_s"]["median"] > 0
   assert set(r["profiles"]) == {"high", "high_low"}
   for name, switch in (("high", NEW), ("high_low", SWITCH)):

@@ -91,3 +91,7 @@ def test_walk_model_decodes_its_walk_at_every_verify_width_in_bf16():
   d = oracle([prompt + walk], 256, miss=0.3)
   for kw in (dict(k=8), dict(tree=binary_paths(9))):
     assert specdec.generate(model, [prompt], 48, drafter=d, **kw).tokens == [walk], kw
+  # Its logits are sharp enough that sampling draws the walk too (experiments.bench_budget's T > 0).
+  assert specdec.generate(model, [prompt], 48, temperature=1.0, seed=3).tokens == [walk]
+  g = specdec.generate(model, [prompt], 48, temperature=0.6, seed=4, drafter=d, k=4)
+  assert g.tokens == [walk] and g.stats["tau"] > 1.5

@@ -78,6 +78,10 @@ def test_observe_moves_judged_positions_and_pulls_the_rest():
   assert np.asarray(out.accepted_BJ).tolist() == [[1, 0, 0, 0], [0, 0, 0, 0]]
   assert np.asarray(out.tier_hist_BN).tolist() == [[0, 1, 0], [0, 0, 0]]
   assert np.asarray(out.trace_L)[:2].tolist() == [1, -1] and int(out.n_loop) == 1
+  # Tier index 2 (k = 4): row 0 rejects its first draft. Drafts 2-4 were drafted but not reached:
+  # they follow draft 1 (0.375) rather than keep what an earlier phase taught them.
+  out = budget_lib.observe(out, 2, jnp.asarray([True, False]), jnp.asarray([0, 0]), path_BT, bud)
+  np.testing.assert_allclose(np.asarray(out.alpha_BJo[0, :, 0]), [0.375, 0.3125, 0.375, 0.375])
 
 
 # --- greedy identity ---------------------------------------------------------------------------
@@ -347,13 +351,13 @@ def test_observe_moves_judged_tree_nodes_and_pulls_the_undrafted():
   np.testing.assert_allclose(b.alpha_BJo[1], np.full((2, 2), 0.5))  # a done row learns nothing
   # Tier 1: row 0 accepts (0,) then (0, 0): both root children judged (rank 0 hit), node 1's
   # one child in the tier judged and hit; rank 1 at depth 2 (not in tier 1) pulled to rank 0's.
-  # Row 1 accepts nothing: the root's children missed, depth 2 not reached.
+  # Row 1 accepts nothing: the root's children missed; depth 2, not reached, pulled to depth 1's.
   b = at(b, 1, [True, True], [2, 0], [[0, 1, 3], [0, 0, 0]])
   np.testing.assert_allclose(b.alpha_BJo[0], [[0.875, 0.3125], [0.8125, 0.6875]])
-  np.testing.assert_allclose(b.alpha_BJo[1], [[0.25, 0.25], [0.5, 0.5]])
-  # Tier 2 (the largest, nothing to pull): row 0 accepts (1,), a leaf; depth 2 stays.
+  np.testing.assert_allclose(b.alpha_BJo[1], [[0.25, 0.25], [0.375, 0.375]])
+  # Tier 2 (the largest): row 0 accepts (1,), a leaf, so depth 2 was not judged: pulled again.
   b = at(b, 2, [True, False], [1, 0], [[0, 2, 2], [0, 0, 0]])
-  np.testing.assert_allclose(b.alpha_BJo[0], [[0.4375, 0.65625], [0.8125, 0.6875]])
+  np.testing.assert_allclose(b.alpha_BJo[0], [[0.4375, 0.65625], [0.625, 0.671875]])
   assert np.asarray(b.reached_BJ).tolist() == [[3, 1], [1, 0]]
   assert np.asarray(b.accepted_BJ).tolist() == [[3, 1], [0, 0]]
   assert np.asarray(b.tier_hist_BN).tolist() == [[1, 1, 1], [0, 1, 0]]
