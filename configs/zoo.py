@@ -8,6 +8,8 @@ from configs import (
   train_draft_lm,
   train_dspark,
   train_eagle3,
+  train_hybrid,
+  train_hybrid_mtp,
   train_mtp,
   train_target,
 )
@@ -21,5 +23,7 @@ CONFIGS = {
   "block16": train_block16,
   "dflash2": train_dflash2,
   "dspark": train_dspark,
-  "selfdistill": selfdistill,
+  "hybrid": train_hybrid,
+  "hybrid_mtp": train_hybrid_mtp,
+  "selfdistill": selfdistill,  # every target's drafter data
 }

@@ -1,5 +1,6 @@
 """Retrains the whole tiny zoo, seeded: the target, then its self-distilled data, then the draft LM,
-MTP, EAGLE-3, DFlash block b=8 and b=16 and DFlash2 on that data.
+MTP, EAGLE-3, DFlash block b=8 and b=16, DFlash2 and DSpark on that data; then the hybrid target
+and its MTP head on the hybrid's own self-distilled data.
 
   python -m experiments.build_corpus --out_dir runs/corpus --tokens --include_tests  # any Python
   python -m experiments.build_zoo --corpus_dir=runs/corpus --out=specdec/zoo   # on the GPU
@@ -7,7 +8,8 @@ MTP, EAGLE-3, DFlash block b=8 and b=16 and DFlash2 on that data.
 A model already finished in --out is kept (specdec.training.zoo), so a run cut short resumes at
 the first unfinished model; --retrain starts from scratch. --models picks models: after
 `--models=target,selfdistill`, one process per drafter (`--models=eagle3`, ...) can share the
-GPU; `--jobs=N` does that itself, N drafters at a time. --models may name issue 23's ablations
+GPU; `--jobs=N` does that itself, N drafters at a time (`--models=hybrid,hybrid_mtp`: the hybrid
+pair alone, its data `selfdistill_hybrid`). --models may name issue 23's ablations
 (configs/ablations.py), which train against the target in --out like the zoo's drafters.
 Time on one H200: docs/zoo.md.
 """
@@ -29,13 +31,14 @@ _RETRAIN = flags.DEFINE_bool("retrain", False, "retrain models that --out alread
 _MODELS = flags.DEFINE_list(
   "models",
   list(zoo.MODELS),
-  "models to train ('selfdistill': the drafters' data alone; ablations by name)",
+  "models to train ('selfdistill', 'selfdistill_hybrid': a target's drafter data alone; "
+  "ablations by name)",
 )
 flags.register_validator(
   "models",
-  lambda names: set(names) <= {*zoo.MODELS, "selfdistill", *ablations.ABLATIONS},
-  f"--models: each must be one of {', '.join((*zoo.MODELS, 'selfdistill'))} or an ablation "
-  f"({', '.join(ablations.ABLATIONS)})",
+  lambda names: set(names) <= {*zoo.MODELS, *zoo.DATA.values(), *ablations.ABLATIONS},
+  f"--models: each must be one of {', '.join((*zoo.MODELS, *zoo.DATA.values()))} or an "
+  f"ablation ({', '.join(ablations.ABLATIONS)})",
 )
 _JOBS = flags.DEFINE_integer(
   "jobs", 1, "> 1: after the target and the data, the drafters train in this many processes at once"
@@ -50,11 +53,13 @@ def main(argv):
   kinds = {name: ablations.kinds()[name] for name in _MODELS.value if name in ablations.ABLATIONS}
   configs.update({name: ablations.get_config(name) for name in kinds})
   models = tuple(_MODELS.value)
-  drafters = [m for m in models if m not in ("target", "selfdistill")]
+  drafters = [m for m in models if zoo.target_of(kinds.get(m, m)) and m not in zoo.DATA.values()]
   if _JOBS.value <= 1 or len(drafters) <= 1:
     zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value, models, kinds)
     return
-  first = tuple(m for m in models if m == "target") + ("selfdistill",)
+  # The targets and every drafter's data first, so no two drafters build the same data at once.
+  data = {zoo.DATA[zoo.target_of(kinds.get(m, m))] for m in drafters}
+  first = tuple(m for m in models if m in zoo.DRAFTERS) + tuple(sorted(data))
   zoo.build(configs, _CORPUS.value, _OUT.value, _CKPT.value, _RETRAIN.value, first, kinds)
   env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # memory as each one needs it
   cmds = {name: drafter_command(name) for name in drafters}

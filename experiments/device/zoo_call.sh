@@ -4,8 +4,9 @@
 # (a tar in 15 MiB parts under $OUT) and the logs. Run it again at once to keep the machine warm.
 #   device run: LIMIT=540 bash experiments/device/zoo_call.sh
 #   carry: runs/corpus.tar.xz (tar -cJf runs/corpus.tar.xz -C runs corpus) and .whl (the wheels)
-# MODELS (build_zoo --models) retrains some models only; without target among them the shipped
-# specdec/zoo/target is the one the drafters train against (and it is not sent back).
+# MODELS (build_zoo --models) retrains some models only; a target (target, hybrid) not among them
+# is the shipped one (specdec/zoo/NAME, copied, not sent back): its drafters train against it.
+#   MODELS=hybrid,hybrid_mtp: the hybrid target and its MTP head (issue 25).
 set -u
 T0=$(date +%s); LIMIT=${LIMIT:-540}; JOBS=${JOBS:-7}
 MODELS=${MODELS:-target,draft_lm,mtp,eagle3,block8,block16,dflash2,dspark}
@@ -16,7 +17,10 @@ mkdir -p runs/log
 if [ ! -f runs/log/start ]; then
   nvidia-smi --query-gpu=name,memory.total --format=csv
   date +%s > runs/log/start
-  case ",$MODELS," in *,target,*) ;; *) mkdir -p runs/newzoo && cp -r specdec/zoo/target runs/newzoo/ ;; esac
+  for t in target hybrid; do
+    case ",$MODELS," in *,$t,*) ;; *) [ -d specdec/zoo/$t ] && mkdir -p runs/newzoo \
+      && cp -r specdec/zoo/$t runs/newzoo/ ;; esac
+  done
   # The trainers' full-sequence forwards take cuDNN's fused attention only where its GPU tests
   # pass here (tests/ops/test_attention_from_zero.py); else the build runs on attend_xla.
   JAX_PLATFORMS=cuda python3 -m pytest -q -p no:cacheprovider -m gpu -o addopts= \

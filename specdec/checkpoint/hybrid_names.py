@@ -4,9 +4,9 @@ The attention, dense-MLP, norm, embedding and head tensors go through `names.NAM
 adds the Gated DeltaNet, router and shared-expert rows, and stacks the per-expert matrices
 `model.layers.{i}.mlp.experts.{j}.{gate,up,down}_proj.weight` into one (in, out) array per layer
 and projection, [I, D, F] or [I, F, D], checking that experts 0 .. I-1 are all there
-(`unstack_experts` writes them back one tensor each). The same rows name the Qwen3-Next MTP head's layer under `mtp.layers.0.` (specdec.drafters.mtp).
-Qwen3.5 splits the Gated DeltaNet input projections; `fuse_split_gdn` regroups them into
-Qwen3-Next's two.
+(`unstack_experts` writes them back one tensor each). The same rows name the Qwen3-Next MTP
+head's layer under `mtp.layers.0.` (specdec.drafters.mtp). Qwen3.5 splits the Gated DeltaNet
+input projections; `fuse_split_gdn` regroups them into Qwen3-Next's two.
 """
 
 import os

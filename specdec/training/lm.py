@@ -1,4 +1,5 @@
-"""Next-token LM training of a `Transformer` (the zoo's target and draft LM) and its HF export.
+"""Next-token LM training of a decoder (the zoo's targets, dense and hybrid, and its draft LM) and
+its HF export; the module is the one `specdec.models.stack` picks for the config.
 
 Master weights are float32; each step casts them to the compute dtype (bf16 on GPU), so gradients
 and optimizer state stay float32. Distillation trains against a frozen teacher Model's soft
@@ -23,12 +24,14 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from specdec.checkpoint import loader
 from specdec.data import tokenizer as tokenizer_lib
 from specdec.model import Model, forward
+from specdec.models import stack
 from specdec.models.config import ModelConfig, from_hf_dict
-from specdec.models.transformer import KVCache, Transformer
 from specdec.ops.attention import attention_path
 from specdec.training import data, loop
 
-RESIDUAL_OUTPUTS = ("o_proj", "down_proj")
+# The projections that write into the residual stream: attention's, Gated DeltaNet's, the MLP's
+# (a routed expert's down_proj is a stacked param of that name, not a kernel).
+RESIDUAL_OUTPUTS = ("o_proj", "out_proj", "down_proj")
 EMBED_STD = 0.02
 
 
@@ -47,14 +50,14 @@ def init_params(config: ModelConfig, seed: int = 0):
 def _init(config: ModelConfig, key):
   # Jitted: op-by-op (eager) init of even a tiny model costs seconds on CPU.
   tok = jnp.zeros((1, 1), jnp.int32)
-  cache = KVCache.zeros(config, 1, 1, jnp.float32)
-  params = Transformer(config, jnp.float32).init(key, tok, tok, cache)
+  cache = stack.empty_cache(config, 1, 1, jnp.float32)
+  params = stack.decoder(config, jnp.float32).init(key, tok, tok, cache)
   scale = (2 * config.num_layers) ** -0.5
   flat = flatten_dict(params)
   for k, v in flat.items():
     if k[-2:] == ("embed", "embedding"):
       flat[k] = EMBED_STD * jax.random.normal(jax.random.fold_in(key, 1), v.shape, v.dtype)
-    elif k[-2] in RESIDUAL_OUTPUTS and k[-1] == "kernel":
+    elif (k[-2] if k[-1] == "kernel" else k[-1]) in RESIDUAL_OUTPUTS:
       flat[k] = v * scale
   return unflatten_dict(flat)
 

@@ -10,15 +10,22 @@ import pytest
 import specdec
 from specdec.checkpoint.zoo import resolve_path
 from specdec.data import workload
-from specdec.training.zoo import MODELS
+from specdec.training.zoo import DRAFTERS, MODELS
 
 ZOO = os.path.dirname(resolve_path("zoo:target"))
 
 
+# Issue 25's hybrid pair ships once its device build has run (docs/zoo.md); until then the zoo
+# holds every other model.
+HYBRID = ("hybrid", *DRAFTERS["hybrid"])
+
+
 def test_every_model_within_the_size_budget():
-  assert sorted(os.listdir(ZOO)) == sorted(MODELS)
+  have = set(os.listdir(ZOO))
+  assert have <= set(MODELS) and set(MODELS) - have <= set(HYBRID), sorted(have)
+  # A link (the hybrid's tokenizer.json, the target's) counts as its own few bytes, as `du -b`.
   total = sum(
-    os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(ZOO) for f in files
+    os.lstat(os.path.join(root, f)).st_size for root, _, files in os.walk(ZOO) for f in files
   )
   assert total <= 48 * 2**20, f"zoo is {total / 2**20:.2f} MiB"
 

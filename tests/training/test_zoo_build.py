@@ -4,6 +4,7 @@ import json
 import os
 
 import ml_collections
+import numpy as np
 import pytest
 
 from specdec.training import zoo
@@ -40,16 +41,19 @@ def test_build_trains_in_order_and_resumes_after_finished_models(tmp_path, monke
   assert zoo.build(configs(), "corpus", out, "ckpt") == list(zoo.MODELS)
   trained = dict(calls)
   assert trained["draft_lm"]["teacher"] == f"{out}/target"
-  for head in zoo.MODELS[2:]:
+  for head in zoo.DRAFTERS["target"][1:]:
     assert trained[head]["target"] == os.path.abspath(f"{out}/target")
-  # One self-distilled stream, from the target just trained, feeds every drafter; the target
-  # itself trains on the corpus.
-  assert len(distilled) == 1 and distilled[0][0] == f"{out}/target"
+  assert trained["hybrid_mtp"]["target"] == os.path.abspath(f"{out}/hybrid")
+  # One self-distilled stream per target, from the target just trained, feeds its drafters; the
+  # targets themselves train on the corpus.
+  assert [d[0] for d in distilled] == [f"{out}/target", f"{out}/hybrid"]
   assert (distilled[0][2].rows, distilled[0][2].seed) == (8, 1)
-  stream = os.path.abspath("ckpt/selfdistill/distill.npy")
+  streams = {t: os.path.abspath(f"ckpt/{zoo.DATA[t]}/distill.npy") for t in zoo.DRAFTERS}
+  assert streams["target"] == os.path.abspath("ckpt/selfdistill/distill.npy")
   assert {name: c.get("train_file") for name, c in trained.items()} == {
     "target": None,
-    **{name: stream for name in zoo.MODELS[1:]},
+    "hybrid": None,
+    **{name: streams[t] for t, drafters in zoo.DRAFTERS.items() for name in drafters},
   }
 
   assert zoo.build(configs(), "corpus", out, "ckpt") == []  # every model finished
@@ -69,13 +73,22 @@ def test_build_picks_models_and_refuses_unknown_ones_or_a_missing_target(tmp_pat
   configs = {name: ml_collections.ConfigDict() for name in (*zoo.MODELS, "selfdistill")}
   with pytest.raises(ValueError, match=r"zoo models \['eagle4'\]"):
     zoo.build(configs, "corpus", out, "ckpt", models=("eagle4",))
-  with pytest.raises(ValueError, match="target is not finished"):
+  with pytest.raises(ValueError, match="target of eagle3 is not finished"):
     zoo.build(configs, "corpus", out, "ckpt", models=("eagle3",))
+  with pytest.raises(ValueError, match=r"hybrid: the target of hybrid_mtp .*\(models=hybrid\)"):
+    zoo.build(configs, "corpus", out, "ckpt", models=("target", "hybrid_mtp"))
+  with pytest.raises(ValueError, match="target of selfdistill_hybrid is not finished"):
+    zoo.build(configs, "corpus", out, "ckpt", models=("selfdistill_hybrid",))
   assert calls == [] and distilled == []
   assert zoo.build(configs, "corpus", out, "ckpt", models=("target", "selfdistill")) == ["target"]
   assert len(distilled) == 1  # the data alone
   assert zoo.build(configs, "corpus", out, "ckpt", models=("eagle3",)) == ["eagle3"]
   assert [name for name, _ in calls] == ["target", "eagle3"]
+  # The hybrid pair alone, against the dense target already there: the hybrid's own data.
+  configs["hybrid_mtp"].drafter.chain.update(dict(depth=2, origins=8))  # compiles in seconds
+  models = ("hybrid", "hybrid_mtp")
+  assert zoo.build(configs, "corpus", out, "ckpt", models=models) == list(models)
+  assert distilled[-1] == "ckpt/selfdistill_hybrid"
 
 
 def test_side_by_side_runs_jobs_at_a_time_logs_each_and_names_failures(tmp_path):
@@ -147,7 +160,7 @@ def test_build_trains_an_ablation_as_its_zoo_model_into_its_own_directory(tmp_pa
   kinds = {"lm_wide": "draft_lm", "head_corpus": "block8"}
   with pytest.raises(ValueError, match=r"zoo models \['head_corpus'\]"):  # not told its kind
     zoo.build(configs, "corpus", out, "ckpt", models=("target", "head_corpus"))
-  with pytest.raises(ValueError, match="ablation of the target"):
+  with pytest.raises(ValueError, match="ablation of a target"):
     zoo.build(configs, "corpus", out, "ckpt", models=("target",), kinds={"t2": "target"})
   models = ("target", "head_corpus", "lm_wide")
   assert zoo.build(configs, "corpus", out, "ckpt", models=models, kinds=kinds) == [
@@ -160,3 +173,62 @@ def test_build_trains_an_ablation_as_its_zoo_model_into_its_own_directory(tmp_pa
   assert "train_file" not in trained["head_corpus"]  # the recipe's own file: the corpus's
   assert [name for name, _ in heads] == ["head_corpus"]
   assert os.path.exists(f"{out}/lm_wide/training.json")
+
+
+def _shrunk(cfg, **kw):
+  """A zoo recipe cut to a few CPU steps on short windows; its model and method unchanged."""
+  cfg.update(dict(steps=4, seq_len=64, batch_size=2, warmup=1, log_every=1, ckpt_every=4, **kw))
+  return cfg
+
+
+def test_the_hybrid_pair_builds_end_to_end_on_a_toy_corpus(tmp_path):
+  """The hybrid target by the zoo target's recipe, its data, its MTP head by the MTP recipe: real
+  training (4 steps each) and exports that `specdec.load` / `load_drafter` read; the target
+  shares the dense target's tokenizer.json as a link."""
+  from configs.zoo import CONFIGS
+  from specdec.data import corpus, tokenizer
+
+  texts = [(corpus.stdlib_root() / p).read_text() for p in ("textwrap.py", "colorsys.py")]
+  tok = tokenizer.train_tokenizer(texts, vocab_size=512)
+  corpus_dir, out = tmp_path / "corpus", tmp_path / "zoo"
+  for d in (corpus_dir, out / "target"):
+    d.mkdir(parents=True)
+    tokenizer.save_tokenizer(tok, d / "tokenizer.json")
+  (out / "target" / "training.json").write_text("{}")  # the dense target, finished
+  ids = tokenizer.encode_documents(tok, texts)
+  np.save(corpus_dir / "train.npy", ids[: -len(ids) // 8])
+  np.save(corpus_dir / "heldout.npy", ids[-len(ids) // 8 :])
+  head = _shrunk(
+    CONFIGS["hybrid_mtp"].get_config(), eval_every=4, eval_prompts=2, eval_prompt_len=16,
+    eval_k=3, eval_new_tokens=8, dtype="float32",
+  )  # fmt: skip
+  head.drafter.chain.update(dict(depth=2, origins=8))  # compiles in seconds
+  configs = {
+    "hybrid": _shrunk(
+      CONFIGS["hybrid"].get_config(), eval_every=4, eval_batches=1, compute_dtype="float32"
+    ),
+    "hybrid_mtp": head,
+    "selfdistill": dict(rows=8, prompt_tokens=16, new_tokens=48, temperatures=(0.0,), batch=8),
+  }
+  models = ("hybrid", "hybrid_mtp")
+  assert zoo.build(configs, str(corpus_dir), str(out), str(tmp_path / "ckpt"), models=models) == [
+    *models
+  ]
+  import jax.numpy as jnp
+
+  import specdec
+  from specdec.drafters.mtp import MTP
+
+  target = specdec.load(str(out / "hybrid"), dtype=jnp.float32)
+  hf = json.loads((out / "hybrid" / "config.json").read_text())
+  assert hf["architectures"] == ["Qwen3NextForCausalLM"] and target.config.num_layers == 4
+  assert target.config.layer_types == ("linear_attention",) * 3 + ("full_attention",)
+  assert os.readlink(out / "hybrid" / "tokenizer.json") == "../target/tokenizer.json"
+  assert target.tokenizer.get_vocab() == tok.get_vocab()
+  record = json.loads((out / "hybrid_mtp" / "training.json").read_text())
+  assert record["train_file"].endswith("selfdistill_hybrid/distill.npy")
+  head = specdec.load_drafter(str(out / "hybrid_mtp"), target)
+  assert isinstance(head, MTP) and head.spec.layout == "qwen3_next"
+  prompts = [ids[:40].tolist(), ids[100:125].tolist()]
+  want = specdec.generate(target, prompts, max_new_tokens=12).tokens
+  assert specdec.generate(target, prompts, max_new_tokens=12, drafter=head, k=3).tokens == want

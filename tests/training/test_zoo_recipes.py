@@ -102,3 +102,18 @@ def test_an_ablation_of_a_key_the_recipe_lacks_is_refused(monkeypatch):
     ablations.get_config("typo")
   with pytest.raises(ValueError, match="ablation 'nope'"):
     ablations.get_config("nope")
+
+
+def test_the_hybrid_target_is_the_family_s_schedule_and_fits_the_zoo_s_last_mebibyte():
+  from configs import train_hybrid
+  from specdec.drafters import mtp
+
+  cfg = train_hybrid.get_config()
+  config = lm.model_config(cfg)
+  assert config.model_type == "qwen3_next" and config.tie_word_embeddings
+  assert config.layer_types == ("linear_attention",) * 3 + ("full_attention",)
+  assert cfg.seq_len == config.max_position_embeddings == 4096
+  head = jax.eval_shape(lambda: mtp.init_head(config, mtp.MTPConfig(), jax.random.key(0)))
+  n_head = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(head))
+  assert 2 * (n_params(cfg) + n_head) <= 1.1 * 2**20  # bf16: the zoo had ~1.26 MiB left
+  assert CONFIGS["hybrid_mtp"].get_config().target == "zoo:hybrid"
