@@ -85,7 +85,6 @@ def test_build_picks_models_and_refuses_unknown_ones_or_a_missing_target(tmp_pat
   assert zoo.build(configs, "corpus", out, "ckpt", models=("eagle3",)) == ["eagle3"]
   assert [name for name, _ in calls] == ["target", "eagle3"]
   # The hybrid pair alone, against the dense target already there: the hybrid's own data.
-  configs["hybrid_mtp"].drafter.chain.update(dict(depth=2, origins=8))  # compiles in seconds
   models = ("hybrid", "hybrid_mtp")
   assert zoo.build(configs, "corpus", out, "ckpt", models=models) == list(models)
   assert distilled[-1] == "ckpt/selfdistill_hybrid"
