@@ -1,6 +1,7 @@
 """The default sweep: the tiny zoo continuing long real source files (jax's, which it never trained
-on), draft budget k x context length for every drafter plus the no-draft arm, greedy. Runs in
-under 5 minutes on a 2-core CPU."""
+on), draft budget k x context length for every drafter plus the no-draft arm, greedy; beside it
+the zoo's hybrid target (Qwen3-Next) with its MTP head at one context. Runs in under 5 minutes
+on a 2-core CPU."""
 
 import ml_collections
 
@@ -18,6 +19,7 @@ def get_config():
       "block16": "zoo:block16",
       "dflash2": "zoo:dflash2",
       "dspark": "zoo:dspark",
+      "hybrid_mtp": "zoo:hybrid_mtp",
     }
   )
   c.dtype = "float32"  # CPU default; bfloat16 on GPU
@@ -48,6 +50,14 @@ def get_config():
     "block16",
     "dflash2",
     "dspark",
+    "hybrid_mtp",
+  )
+  # A method's own settings where they are not the sweep's (PER_METHOD of specdec/lab/sweep.py):
+  # the target it drafts for (that target's no-draft arm runs beside it, at its prompt lengths),
+  # its ks and prompt_tokens. The hybrid target's MTP head (issue 25) runs on the hybrid at one
+  # context and two k: the fewest cells that show the family within the 5 minutes.
+  c.per_method = ml_collections.ConfigDict(
+    {"hybrid_mtp": {"target": "zoo:hybrid", "ks": (2, 4), "prompt_tokens": (512,)}}
   )
   c.ks = (1, 2, 4)
   # Static draft trees, beside the chains of ks, for every method that drafts trees (a method

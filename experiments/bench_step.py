@@ -13,7 +13,7 @@ from configs import default
 from specdec import xla_env
 from specdec.bench import timing
 from specdec.checkpoint.zoo import resolve_path
-from specdec.lab.sweep import load_drafter
+from specdec.lab import sweep
 from specdec.models.config import from_hf_dict
 
 _TARGET = flags.DEFINE_string("target", None, "target checkpoint; default: a random model")
@@ -46,9 +46,10 @@ def main(argv):
   if _DRAFT.value:
     drafters["draft_lm"] = specdec.drafters.draft_lm(specdec.load(_DRAFT.value, dtype=dtype))
   if _ZOO.value:
-    cfg = default.get_config()
+    cfg = sweep.normalize(default.get_config())
     for name, spec in cfg.checkpoints.items():
-      drafters[name] = load_drafter(name, spec, target, dtype)
+      if sweep.setting(cfg, name, "target") == cfg.target:  # not the hybrid target's head
+        drafters[name] = sweep.load_drafter(name, spec, target, dtype)
   print(f"device={jax.devices()[0].device_kind} batch={_BATCH.value} ctx={_PROMPT.value}")
   print(
     "| drafter | k | step us | draft us | verify us | accept+commit us | loop us "

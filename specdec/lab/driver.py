@@ -65,18 +65,29 @@ def check_process_count(cfg, count: int) -> None:
   owners([(leg, c) for leg in range(cfg.legs) for c in cells], count)
 
 
+def _other_targets(cfg) -> dict[str, str]:
+  """{method: its per_method target} for the methods that run on a target not config.target."""
+  drafted = [m for m in cfg.methods if m != "null"]
+  return {m: t for m in drafted if (t := sweep.setting(cfg, m, "target")) != cfg.target}
+
+
 def check_before_loading(cfg) -> list:
   """Everything that needs no model: returns the cells."""
+  sweep.check_methods(cfg)
   cells = sweep.expand(cfg)
   if cfg.dtype not in sweep.DTYPES:
     raise SweepError(f"config.dtype: unknown {cfg.dtype!r}; choose from {list(sweep.DTYPES)}")
-  sweep.check_methods(cfg)
-  for name, spec in [("target", cfg.target)] + [
-    (f"checkpoints.{m}", cfg.checkpoints[m]) for m in cfg.methods if m not in sweep.MODEL_FREE
+  for name, spec in [
+    ("target", cfg.target),
+    *((f"per_method.{m}.target", t) for m, t in _other_targets(cfg).items()),
+    *((f"checkpoints.{m}", cfg.checkpoints[m]) for m in cfg.methods if m not in sweep.MODEL_FREE),
   ]:
     path = resolve_path(spec)
     if not os.path.isdir(path):
-      raise SweepError(f"config.{name}={spec!r}: {path} is not a checkpoint directory")
+      hint = ""
+      if spec.startswith("zoo:"):  # a zoo model not built (or not shipped) yet
+        hint = f" (build it: python -m experiments.build_zoo --models={spec[4:]}; docs/zoo.md)"
+      raise SweepError(f"config.{name}={spec!r}: {path} is not a checkpoint directory{hint}")
   sweep.validate(cfg, cells)
   return cells
 
@@ -89,10 +100,9 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
     u for u, o in zip(units, owners(units, processes.count), strict=True) if o == processes.index
   ]
   # The weights' identity too: the paths alone survive a retrain (a resume must not mix models).
-  used = {
-    "target": cfg.target,
-    **{m: cfg.checkpoints[m] for m in cfg.methods if m in cfg.checkpoints},
-  }
+  used = {"target": cfg.target}
+  used |= {f"per_method.{m}.target": t for m, t in _other_targets(cfg).items()}
+  used |= {m: cfg.checkpoints[m] for m in cfg.methods if m in cfg.checkpoints}
   prints = {name: fingerprint(resolve_path(spec)) for name, spec in used.items()}
   check_same_config(processes, {**cfg.to_dict(), "checkpoint_fingerprints": prints})
   dtype = sweep.DTYPES[cfg.dtype]
@@ -105,13 +115,14 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
   runners = []
   for device in devices:  # each device holds its own copy of every model
     with jax.default_device(device):
-      runners.append(sweep.Runner(cfg, *load_models(cfg, dtype, mesh), mesh))
-  runner = runners[0]
-  if mesh is not None:  # each target format quantized and placed before anything compiles
-    for fmt in cfg.target_formats:
-      runner.target_for(fmt)
-  max_positions = runner.target.config.max_position_embeddings
-  sweep.validate(cfg, cells, max_positions, runner.longest_prompt, runner.check_memory)
+      runners.append(load_runners(cfg, dtype, mesh))
+  for target, runner in runners[0].items():
+    if mesh is not None:  # each target format quantized and placed before anything compiles
+      for fmt in cfg.target_formats:
+        runner.target_for(fmt)
+    max_positions = runner.target.config.max_position_embeddings
+    on_target = [c for c in cells if c.target == target]
+    sweep.validate(cfg, on_target, max_positions, runner.longest_prompt, runner.check_memory)
   results.write_config(out, {**cfg.to_dict(), "checkpoint_fingerprints": prints})
 
   path = out / results.RESULTS_NAME
@@ -156,7 +167,7 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
           bar.update()
 
   if len(devices) == 1:
-    run_part(devices[0], runner, parts[0])
+    run_part(devices[0], runners[0], parts[0])
   else:
     with ThreadPoolExecutor(max_workers=len(devices)) as pool:
       for f in [pool.submit(run_part, *a) for a in zip(devices, runners, parts, strict=True)]:
@@ -182,6 +193,15 @@ def local_devices(cfg) -> list:
   if n > 1 and cfg.get("tensor_parallel", 1) > 1:
     raise SweepError("config.devices and config.tensor_parallel > 1 together: choose one")
   return have[:n] if n > 1 else [jax.local_devices()[0]]
+
+
+def load_runners(cfg, dtype, mesh=None) -> sweep.Runners:
+  """A Runner per target of the sweep, each with its models loaded (`load_models`)."""
+  runners = sweep.Runners()
+  for target in sweep.targets(cfg):
+    sub = sweep.target_config(cfg, target)
+    runners[target] = sweep.Runner(sub, *load_models(sub, dtype, mesh), mesh)
+  return runners
 
 
 def load_models(cfg, dtype, mesh=None) -> tuple:

@@ -107,6 +107,7 @@ class Cell:
   # A static tree's label (specdec.lab.trees), k its depth; "auto" (k "auto" too): tree="auto"
   # among config.budget_tree_tiers; None: a chain.
   tree: str | None = None
+  target: str = ""  # the target's checkpoint: config.target, or the method's per_method target
 
   @property
   def baseline(self) -> "Cell":
@@ -215,6 +216,10 @@ def normalize(cfg):
     for name in ("ks", "prompt_tokens", "temperatures", "top_ks", "top_ps", "batches", "seeds"):
       if isinstance(cfg[name], int | float):
         cfg[name] = (cfg[name],)
+    for setting in cfg.get("per_method", {}).values():
+      for name in ("ks", "prompt_tokens"):
+        if isinstance(setting.get(name), int | float):
+          setting[name] = (setting[name],)
   return cfg
 
 
@@ -228,23 +233,61 @@ def _tree_specs(item) -> list:
   return [v.strip() for v in item.split(",") if v.strip()]
 
 
+PER_METHOD = ("target", "ks", "prompt_tokens")  # what config.per_method may set for a method
+
+
+def setting(cfg, method: str, name: str):
+  """The method's `name` (one of PER_METHOD): its config.per_method entry, else the sweep's."""
+  own = cfg.get("per_method", {}).get(method, {})
+  return own[name] if name in own else cfg[name]
+
+
+def targets(cfg) -> list[str]:
+  """The sweep's targets: config.target, then each other one its methods' per_method names."""
+  drafted = [m for m in cfg.methods if m != "null"]
+  return list(dict.fromkeys([cfg.target, *(setting(cfg, m, "target") for m in drafted)]))
+
+
+def target_config(cfg, target: str):
+  """The config of one target's share of the sweep: `target` and the methods that run on it."""
+  mine = [m for m in cfg.methods if m != "null" and setting(cfg, m, "target") == target]
+  sub = cfg.copy_and_resolve_references()
+  with sub.unlocked():
+    sub.target, sub.methods = target, ("null", *mine)
+  return sub
+
+
 def expand(cfg) -> list[Cell]:
-  """Every cell of the config's axes; the no-draft arm (k = 0) is always included, first. Each
-  drafted method runs every k of config.ks, then every tree of config.trees (at k = its depth)."""
-  cells, drafts = [], [(_k(k), None) for k in cfg.ks] + [(d, t) for t, d in tree_axis(cfg)]
-  for method in ("null", *[m for m in cfg.methods if m != "null"]):
-    ks = [(0, None)] if method == "null" else drafts
+  """Every cell of the config's axes; the no-draft arm (k = 0) is always included, first, on every
+  target: on config.target at every prompt length, on a per_method target at those of the
+  methods that run on it. Each drafted method runs every k of its ks, then every tree of
+  config.trees (at k = its depth), at each of its prompt_tokens, on its target."""
+  trees = [(d, t) for t, d in tree_axis(cfg)]
+  plans = []  # (method, target, [(k, tree)], prompt lengths)
+  for target in targets(cfg):
+    mine = [m for m in cfg.methods if m != "null" and setting(cfg, m, "target") == target]
+    lengths = [pt for m in mine for pt in setting(cfg, m, "prompt_tokens")]
+    plans.append(
+      ("null", target, [(0, None)], cfg.prompt_tokens if target == cfg.target else lengths)
+    )
+  for m in cfg.methods:
+    if m != "null":
+      drafts = [(_k(k), None) for k in setting(cfg, m, "ks")] + trees
+      plans.append((m, setting(cfg, m, "target"), drafts, setting(cfg, m, "prompt_tokens")))
+  cells = []
+  for method, target, drafts, lengths in plans:
     for (k, tree), w, pt, t, tk, tp, acc, fmt, kv, b in itertools.product(
-      ks, cfg.workloads, cfg.prompt_tokens, cfg.temperatures, cfg.top_ks, cfg.top_ps,
+      drafts, cfg.workloads, dict.fromkeys(lengths), cfg.temperatures, cfg.top_ks, cfg.top_ps,
       cfg.acceptances, cfg.target_formats, cfg.kv_dtypes, cfg.batches,
     ):  # fmt: skip
       acc = _auto(t) if acc == "auto" or method == "null" else acc
       for s in cfg.seeds if t else cfg.seeds[:1]:
         cells.append(
           Cell(
-            method, k, w, int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b), int(s), tree
+            method, k, w, int(pt), float(t), int(tk), float(tp), acc, fmt, kv, int(b), int(s), tree,
+            target,
           )
-        )
+        )  # fmt: skip
   return list(dict.fromkeys(cells))
 
 
@@ -267,6 +310,22 @@ def check_methods(cfg) -> None:
       )
   if "suffix" in cfg.methods:
     suffix_drafter(cfg)
+  for m, own in cfg.get("per_method", {}).items():
+    if m == "null":
+      raise SweepError(
+        "config.per_method.null: the no-draft arm runs on every target, at every prompt length "
+        "its methods run; it has no settings of its own"
+      )
+    if m not in known:
+      raise SweepError(
+        f"config.per_method.{m}: unknown method {m!r}; available: {', '.join(known)}"
+      )
+    extra = sorted(set(own) - set(PER_METHOD))
+    if extra:
+      raise SweepError(
+        f"config.per_method.{m}: unknown setting(s) {', '.join(extra)}; a method may set "
+        f"{', '.join(PER_METHOD)}"
+      )
 
 
 def validate(
@@ -278,6 +337,10 @@ def validate(
   for name in ("ks", "workloads", "prompt_tokens", "temperatures", "batches", "methods", "seeds"):
     if not len(cfg[name]):
       raise SweepError(f"config.{name} is empty")
+  for m, own in cfg.get("per_method", {}).items():
+    for name in ("ks", "prompt_tokens"):
+      if name in own and not len(own[name]):
+        raise SweepError(f"config.per_method.{m}.{name} is empty")
   if len(set(cfg.seeds)) < len(cfg.seeds) or min(cfg.seeds) < 0:
     raise SweepError(f"config.seeds={tuple(cfg.seeds)}: need distinct seeds >= 0")
   tp = cfg.get("tensor_parallel", 1)
@@ -559,7 +622,6 @@ class Runner:
       "ctx_bucket": metrics.bucket_labels()[int(metrics.ctx_bucket(len(ids[0])))],
       "seed": seed,
       "leg": leg,
-      "target": self.cfg.target,
       "drafter": self.cfg.checkpoints.get(cell.method, cell.method),
       "max_new_tokens": self.cfg.max_new_tokens,
       "n_prompts": len(ids),
@@ -611,6 +673,20 @@ class Runner:
     """The cell's generations over ids, cell.batch prompts at a time."""
     for i in range(0, len(ids), cell.batch):
       yield self._generate(cell, ids[i : i + cell.batch], seed + i, **kw)
+
+
+class Runners(dict):
+  """The Runner of each target of a sweep (by its checkpoint spec); each cell runs on its own
+  target's, with the same interface as one Runner."""
+
+  def bucket(self, cell: Cell) -> int:
+    return self[cell.target].bucket(cell)
+
+  def lower_ahead(self, cell: Cell) -> list:
+    return self[cell.target].lower_ahead(cell)
+
+  def run(self, cell: Cell, leg: int, baseline_sha: str | None) -> dict:
+    return self[cell.target].run(cell, leg, baseline_sha)
 
 
 GATE_PROMPTS = 2  # a sampled cell's greedy check runs its first prompts
