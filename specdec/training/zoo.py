@@ -40,18 +40,17 @@ def target_of(model: str) -> str | None:
   return data.get(model) or next(t for t, ds in DRAFTERS.items() if model in ds)
 
 
-def share_tokenizer(path: str, target: str) -> bool:
+def share_tokenizer(path: str, target: str) -> None:
   """Replaces path/tokenizer.json by a relative link to the target's where both hold the same
-  tokenizer, so the zoo ships one copy (0.5 MiB); returns whether it did."""
+  tokenizer, so the zoo ships one copy (0.5 MiB)."""
   mine, theirs = (os.path.join(p, "tokenizer.json") for p in (path, target))
   if not (os.path.isfile(mine) and os.path.isfile(theirs)) or os.path.islink(mine):
-    return False
+    return
   with open(mine) as a, open(theirs) as b:
     if json.load(a) != json.load(b):
-      return False
+      return
   os.remove(mine)
   os.symlink(os.path.relpath(theirs, path), mine)
-  return True
 
 
 def build(
