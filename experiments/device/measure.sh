@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device measurements one after another, each cut so the call ends inside its limit; outputs and
 # logs under $OUT. JOBS names them: mesh hybrid dense budget budget4k budget_t06 budget_b32 tree
-# sweep default.
+# sweep sweep_fast default.
 #   device run: JOBS="budget sweep" LIMIT=570 bash experiments/device/measure.sh   (carry .whl)
 set -u
 T0=$(date +%s); LIMIT=${LIMIT:-570}
@@ -18,6 +18,10 @@ run() {  # name, command...
   timeout $left "$@" > "$OUT/$name.log" 2>&1; echo "rc=$? in $(( $(date +%s) - t )) s"
   tr '\r' '\n' < "$OUT/$name.log" | grep -v "^\s*$" | tail -"${TAILN:-30}" | cut -c1-240
 }
+# Issue 22's k-only sweep (today's default before the context axis): 74 cells, bf16.
+S="python3 -m experiments.sweep --config.dtype=bfloat16 --config.n_prompts=5
+   --config.max_new_tokens=128 --config.workloads=('humaneval',) --config.prompt_tokens=(0,)
+   --config.ks=(1,2,4,8,12,16) --noplots"
 for job in ${JOBS}; do
   case $job in
     mesh) run mesh python3 -m experiments.bench_mesh_overhead --out="$OUT" ;;
@@ -35,12 +39,12 @@ for job in ${JOBS}; do
         --profiles=high,low,high_low --trees= ;;
     tree) run tree python3 -m experiments.bench_tree_verify --widths=4,8,16,32 --out="$OUT" ;;
     sweep)  # issue 22 item 5: the k-only sweep cold, then again with a fresh --out (cache hits)
-      S="python3 -m experiments.sweep --config.dtype=bfloat16 --config.n_prompts=5
-         --config.max_new_tokens=128 --config.workloads=('humaneval',) --config.prompt_tokens=(0,)
-         --config.ks=(1,2,4,8,12,16) --noplots"
       export SPECDEC_COMPILE_CACHE=/tmp/cc1
       TAILN=14 run sweep_cold $S --out=/tmp/sw_a
       TAILN=14 run sweep_rerun $S --out=/tmp/sw_b ;;
+    sweep_fast)  # the same k-only sweep cold without GEMM autotuning: how much of compile it is
+      TAILN=14 SPECDEC_COMPILE_CACHE=/tmp/cc2 XLA_FLAGS=--xla_gpu_autotune_level=0 \
+        run sweep_fast $S --out=/tmp/sw_c ;;
     default)  # issue 22 item 5: the default sweep (k x context, every drafter) in bf16, cold
       TAILN=14 run default python3 -m experiments.sweep --config.dtype=bfloat16 --noplots \
         --out=/tmp/sw_default ;;
