@@ -1,7 +1,7 @@
 """The default sweep: the tiny zoo continuing long real source files (jax's, which it never trained
-on), draft budget k x context length for every drafter plus the no-draft arm, greedy. Runs in
-under 5 minutes on a 2-core CPU. `--config.methods` with "hybrid_mtp" adds the zoo's hybrid
-target (Qwen3-Next) with its MTP head at one context (`per_method`), once the zoo holds them."""
+on), draft budget k x context length for every drafter plus the no-draft arm, greedy; beside it
+the zoo's hybrid target (Qwen3-Next) with its MTP head at one context. Runs in under 5 minutes
+on a 2-core CPU."""
 
 import ml_collections
 
@@ -50,7 +50,8 @@ def get_config():
     "block16",
     "dflash2",
     "dspark",
-  )  # + "hybrid_mtp" once the zoo ships the hybrid pair (docs/zoo.md, "The hybrid pair")
+    "hybrid_mtp",
+  )
   # A method's own settings where they are not the sweep's (PER_METHOD of specdec/lab/sweep.py):
   # the target it drafts for (that target's no-draft arm runs beside it, at its prompt lengths),
   # its ks and prompt_tokens. The hybrid target's MTP head (issue 25) runs on the hybrid at one
