@@ -250,12 +250,14 @@ def observe(b: BudgetState, tier, running_B, n_acc_B, path_BT, budget: Budget) -
 
   A running row judged the tier's children of its accepted node at each depth j <= n_acc (a
   chain's draft j+1 while j < k) and accepted the ranks on its path: those (depth, rank) pairs
-  move by the EMA toward what was seen. The rest move by the same EMA toward a reference: at a
-  judged depth, ranks past the tier's widest toward that widest one; at every depth past the
-  deepest judged one (not drafted, or not reached), each rank toward the same rank there. For a
-  chain that is Leviathan's geometric assumption, a constant conditional rate beyond what was
-  seen: a small tier does not freeze the estimates that would justify a larger one, and after
-  acceptance drops the deep rates follow the shallow ones instead of keeping the old phase's.
+  move by the EMA toward what was seen. The rest move toward a reference: at a judged depth,
+  ranks past the tier's widest toward that widest one; at every depth past the deepest judged
+  one (not drafted, or not reached), each rank toward the same rank there. For a chain that is
+  Leviathan's geometric assumption, a constant conditional rate beyond what was seen: a small
+  tier does not freeze the estimates that would justify a larger one, and after acceptance drops
+  the deep rates follow the shallow ones instead of keeping the old phase's. Both moves weigh
+  more while a depth has been judged fewer than about 1 / (1 - decay) times (a running mean with
+  the prior as one sample, counted per depth), so a decode leaves the prior within a few steps.
   """
   _, J, o = b.alpha_BJo.shape
   j_J, r_o = jnp.arange(J), jnp.arange(o)
@@ -266,8 +268,11 @@ def observe(b: BudgetState, tier, running_B, n_acc_B, path_BT, budget: Budget) -
   judged_BJo = reached_BJ[..., None] & (r_o < kids_BJ[..., None])
   hit_BJo = hit_BJ[..., None] & (r_o == rank_BJ[..., None])
   d = budget.decay
-  alpha_BJo = jnp.where(judged_BJo, d * b.alpha_BJo + (1 - d) * hit_BJo, b.alpha_BJo)
-  pull = lambda a, where_BJo, ref: jnp.where(where_BJo, d * a + (1 - d) * ref, a)  # noqa: E731
+  # A depth's n-th judgement weighs 1 / (n + 1), as in a mean that counts the prior as one sample,
+  # until that falls to the EMA's 1 - d: the first steps do not linger at the prior.
+  w_BJ1 = jnp.maximum(1 - d, 1.0 / (b.reached_BJ + 2))[..., None]
+  alpha_BJo = jnp.where(judged_BJo, (1 - w_BJ1) * b.alpha_BJo + w_BJ1 * hit_BJo, b.alpha_BJo)
+  pull = lambda a, where_BJo, ref: jnp.where(where_BJo, (1 - w_BJ1) * a + w_BJ1 * ref, a)  # noqa: E731
   width_J = jnp.asarray(budget.width_NJ)[tier]
   widest_BJ1 = jnp.take_along_axis(alpha_BJo, jnp.maximum(width_J - 1, 0)[None, :, None], 2)
   wider_Jo = r_o[None, :] >= width_J[:, None]

@@ -84,6 +84,19 @@ def test_observe_moves_judged_positions_and_pulls_the_rest():
   np.testing.assert_allclose(np.asarray(out.alpha_BJo[0, :, 0]), [0.375, 0.3125, 0.375, 0.375])
 
 
+def test_a_depth_s_first_judgements_weigh_as_a_running_mean():
+  bud = Budget(tiers=(1, 2), decay=0.875, prior=0.5)
+  b = jax.tree.map(jnp.asarray, budget_lib.init_state(1, bud, slots=8))
+  path_BT = jnp.arange(3, dtype=jnp.int32)[None]
+  seen = []
+  for _ in range(8):  # k = 1, its draft accepted every step
+    b = budget_lib.observe(b, 0, jnp.asarray([True]), jnp.asarray([1]), path_BT, bud)
+    seen.append(float(b.alpha_BJo[0, 0, 0]))
+  # The prior counts as one sample while 1 / (n + 1) >= 1 - decay (n <= 7), then the EMA.
+  np.testing.assert_allclose(seen[:7], [(0.5 + n) / (n + 1) for n in range(1, 8)], rtol=1e-6)
+  np.testing.assert_allclose(seen[7], 0.875 * seen[6] + 0.125, rtol=1e-6)
+
+
 # --- greedy identity ---------------------------------------------------------------------------
 
 
