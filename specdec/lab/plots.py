@@ -78,6 +78,17 @@ def _name(conds: Mapping[str, str]) -> str:
   return ", ".join(([method] if method else []) + rest)
 
 
+def _wrapped(name: str, width: int = 30) -> str:
+  """A panel title broken between its fields into lines of about `width` characters."""
+  lines: list[str] = []
+  for field in name.split(", "):
+    if lines and len(lines[-1]) + 2 + len(field) <= width:
+      lines[-1] += ", " + field
+    else:
+      lines.append(field)
+  return ",\n".join(lines)
+
+
 def _group(labels, inner: tuple[str, ...]) -> dict[str, list[tuple[str, dict[str, str]]]]:
   """{group name: [(label, its `inner` fields)]}: the labels grouped by every field not in `inner`,
   in first-seen order (a group is a panel or a row; `inner` tells its series apart)."""
@@ -183,7 +194,7 @@ def per_position_figure(series: Mapping[str, tuple]) -> Figure:
       # Unconditional on top: at position 1 the two are equal and its filled marker shows.
       ax.plot(pos, cond, "--o", color=c, markersize=3, mfc="white", lw=1)
       ax.plot(pos, uncond, "-o", color=c, markersize=3)
-    ax.set_title(name, fontsize="medium")
+    ax.set_title(_wrapped(name), fontsize="medium")
   kmax = max(ks)
   axes[0].set_xlim(0.5, kmax + 0.5)
   axes[0].xaxis.set_major_locator(FixedLocator(_position_ticks(kmax)))

@@ -113,6 +113,7 @@ def build(
     if model in DRAFT_LMS:
       cfg.teacher = os.path.join(out, target)
       lm.train(cfg, corpus_dir, path, ckpt)
+      share_tokenizer(path, cfg.teacher)
     else:
       cfg.target = os.path.abspath(os.path.join(out, target))
       drafter.train(cfg, corpus_dir, path, ckpt)

@@ -174,3 +174,11 @@ def test_writers_save_png_also_with_nothing_to_draw(tmp_path, write, series):
   assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   null_only = [r for r in _rows() if r["method"] == "null"]
   assert write(series(tables.aggregate(null_only)), tmp_path / "b.png").exists()
+
+
+def test_long_panel_titles_break_between_fields():
+  assert plots._wrapped("mtp, prompt=512") == "mtp, prompt=512"
+  assert (
+    plots._wrapped("ngram, prompt=128, target=zoo:target")
+    == "ngram, prompt=128,\ntarget=zoo:target"
+  )

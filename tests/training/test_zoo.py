@@ -17,7 +17,8 @@ ZOO = os.path.dirname(resolve_path("zoo:target"))
 
 def test_every_model_within_the_size_budget():
   assert set(os.listdir(ZOO)) == set(MODELS), sorted(os.listdir(ZOO))
-  # A link (the hybrid's tokenizer.json, the target's) counts as its own few bytes, as `du -b`.
+  # A link (the draft LM's and the hybrid's tokenizer.json, the target's) counts as its own few
+  # bytes, as `du -b`.
   total = sum(
     os.lstat(os.path.join(root, f)).st_size for root, _, files in os.walk(ZOO) for f in files
   )

@@ -231,3 +231,13 @@ def test_the_hybrid_pair_builds_end_to_end_on_a_toy_corpus(tmp_path):
   prompts = [ids[:40].tolist(), ids[100:125].tolist()]
   want = specdec.generate(target, prompts, max_new_tokens=12).tokens
   assert specdec.generate(target, prompts, max_new_tokens=12, drafter=head, k=3).tokens == want
+
+
+def test_a_model_holding_its_target_s_tokenizer_links_to_it(tmp_path):
+  for name, vocab in (("target", "a"), ("draft_lm", "a"), ("other", "b")):
+    os.makedirs(tmp_path / name)
+    (tmp_path / name / "tokenizer.json").write_text(json.dumps({"vocab": vocab}))
+  for name in ("draft_lm", "other"):
+    zoo.share_tokenizer(str(tmp_path / name), str(tmp_path / "target"))
+  assert os.readlink(tmp_path / "draft_lm" / "tokenizer.json") == "../target/tokenizer.json"
+  assert not os.path.islink(tmp_path / "other" / "tokenizer.json")  # a different tokenizer stays
