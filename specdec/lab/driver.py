@@ -7,7 +7,6 @@ cells themselves measure; the summary line gives the two times apart.
 """
 
 import dataclasses
-import hashlib
 import os
 import statistics
 import sys
@@ -247,7 +246,7 @@ def compile_cells(
   for c in cells:
     shape = dataclasses.replace(c, workload="", prompt_tokens=runner.bucket(c), sample_seed=0)
     shapes.setdefault(shape, c)
-  seen, futures = set(), []
+  seen, futures = {}, []
   with ThreadPoolExecutor(max_workers=workers) as pool:
     with CompileCounter() as eager:  # quantizing a target format, small eager ops
       for c in tqdm(
@@ -255,9 +254,12 @@ def compile_cells(
         file=sys.stderr,
       ):  # fmt: skip
         for lowered in runner.lower_ahead(c):
-          key = hashlib.sha256(lowered.as_text().encode()).digest()
-          if key not in seen:
-            seen.add(key)
+          # jax's own identity of an executable: calls with equal static arguments share one
+          # lowering object. Equal HLO text is not enough: the null arm's prefill and a k = 1
+          # drafter's have the same HLO and different static arguments, so jax keeps both.
+          lowering = getattr(lowered, "_lowering", lowered)
+          if id(lowering) not in seen:
+            seen[id(lowering)] = lowering  # held, so no later object reuses its id
             futures.append(pool.submit(compile_lowered, lowered))
     built, hits = eager.count, eager.hits
     bar = tqdm(

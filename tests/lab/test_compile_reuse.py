@@ -82,16 +82,18 @@ def test_compiled_ahead_the_cells_build_nothing(tmp_path, capsys):
   assert {c["compiles"] for r in rows for c in r["extra"]["calls"] if c["timed"]} == {0}
   assert sum(r["compiles"] for r in rows) <= 4
   # Three step shapes (null, ngram k=1, k=3; both prompt lengths share one bucket), the prefills
-  # (null's and ngram's lower to one module, compiled once), plus the small eager ops around them.
+  # (null's and ngram's: one module, two executables to jax), plus the small eager ops.
   built = int(re.search(r"compiled ahead (\d+) executables", capsys.readouterr().err).group(1))
   assert 4 <= built <= 10
 
 
 class FakeLowered:
-  """A `Lowered` whose module text is `text` and whose compile calls on_compile(text)."""
+  """A `Lowered` whose module text is `text` and whose compile calls on_compile(text); lowerings
+  of one `_lowering` object are one executable to jax (calls with equal static arguments)."""
 
-  def __init__(self, text, on_compile):
+  def __init__(self, text, on_compile, lowering=None):
     self.text, self.on_compile = text, on_compile
+    self._lowering = object() if lowering is None else lowering
 
   def as_text(self):
     return self.text
@@ -115,13 +117,13 @@ class FakeRunner:
 
 def test_cells_lower_on_the_calling_thread_in_order_and_compile_on_workers():
   # Lowering order decides Mosaic GPU kernels' module text, hence the persistent-cache keys: the
-  # sweep lowers on one thread in the cells' order (the same in every run) and dedupes equal
-  # modules before the parallel compiles.
+  # sweep lowers on one thread in the cells' order (the same in every run) and dedupes what jax
+  # shares (one lowering object) before the parallel compiles.
   import threading
 
   from specdec.lab.sweep import Cell
 
-  lowered_on, compiled_on = [], []
+  lowered_on, compiled_on, lowerings = [], [], {}
 
   def compiled(text):
     compiled_on.append((text, threading.get_ident()))
@@ -129,7 +131,7 @@ def test_cells_lower_on_the_calling_thread_in_order_and_compile_on_workers():
   def lower(cell):
     lowered_on.append((cell.method, cell.k, threading.get_ident()))
     texts = f"prefill {cell.method}", f"step {cell.method} {cell.k}"
-    return [FakeLowered(t, compiled) for t in texts]
+    return [FakeLowered(t, compiled, lowerings.setdefault(t, object())) for t in texts]
 
   cell = Cell("ngram", 1, "w", 0, 0.0, 0, 1.0, "greedy", "bf16", "model", 1, 0)
   cells = [cell, dataclasses.replace(cell, k=3), dataclasses.replace(cell, workload="v")]
@@ -138,6 +140,18 @@ def test_cells_lower_on_the_calling_thread_in_order_and_compile_on_workers():
   assert lowered_on == [("ngram", 1, me), ("ngram", 3, me)]  # the third shares the first's shapes
   assert sorted(t for t, _ in compiled_on) == ["prefill ngram", "step ngram 1", "step ngram 3"]
   assert all(tid != me for _, tid in compiled_on)
+
+
+def test_one_module_that_jax_keys_apart_compiles_for_each():
+  # The null arm's prefill and a k = 1 drafter's lower to the same HLO under different static
+  # arguments: jax looks each up apart, so compiling one ahead would leave the other to its cell.
+  from specdec.lab.sweep import Cell
+
+  compiled = []
+  cell = Cell("ngram", 1, "w", 0, 0.0, 0, 1.0, "greedy", "bf16", "model", 1, 0)
+  runner = FakeRunner(lambda c: [FakeLowered("prefill", compiled.append)])
+  driver.compile_cells(runner, [cell, dataclasses.replace(cell, method="null", k=0)], workers=1)
+  assert compiled == ["prefill", "prefill"]
 
 
 def test_compiles_start_while_later_cells_are_still_lowering():
