@@ -66,8 +66,7 @@ def check_process_count(cfg, count: int) -> None:
 
 def _other_targets(cfg) -> dict[str, str]:
   """{method: its per_method target} for the methods that run on a target not config.target."""
-  drafted = [m for m in cfg.methods if m != "null"]
-  return {m: t for m in drafted if (t := sweep.setting(cfg, m, "target")) != cfg.target}
+  return {m: t for m, t in sweep.method_targets(cfg).items() if t != cfg.target}
 
 
 def check_before_loading(cfg) -> list:

@@ -242,15 +242,19 @@ def setting(cfg, method: str, name: str):
   return own[name] if name in own else cfg[name]
 
 
+def method_targets(cfg) -> dict[str, str]:
+  """{drafted method: the target it runs on}: its per_method target, else config.target."""
+  return {m: setting(cfg, m, "target") for m in cfg.methods if m != "null"}
+
+
 def targets(cfg) -> list[str]:
   """The sweep's targets: config.target, then each other one its methods' per_method names."""
-  drafted = [m for m in cfg.methods if m != "null"]
-  return list(dict.fromkeys([cfg.target, *(setting(cfg, m, "target") for m in drafted)]))
+  return list(dict.fromkeys([cfg.target, *method_targets(cfg).values()]))
 
 
 def target_config(cfg, target: str):
   """The config of one target's share of the sweep: `target` and the methods that run on it."""
-  mine = [m for m in cfg.methods if m != "null" and setting(cfg, m, "target") == target]
+  mine = [m for m, t in method_targets(cfg).items() if t == target]
   sub = cfg.copy_and_resolve_references()
   with sub.unlocked():
     sub.target, sub.methods = target, ("null", *mine)
@@ -264,16 +268,16 @@ def expand(cfg) -> list[Cell]:
   config.trees (at k = its depth), at each of its prompt_tokens, on its target."""
   trees = [(d, t) for t, d in tree_axis(cfg)]
   plans = []  # (method, target, [(k, tree)], prompt lengths)
+  on = method_targets(cfg)
   for target in targets(cfg):
-    mine = [m for m in cfg.methods if m != "null" and setting(cfg, m, "target") == target]
+    mine = [m for m, t in on.items() if t == target]
     lengths = [pt for m in mine for pt in setting(cfg, m, "prompt_tokens")]
     plans.append(
       ("null", target, [(0, None)], cfg.prompt_tokens if target == cfg.target else lengths)
     )
-  for m in cfg.methods:
-    if m != "null":
-      drafts = [(_k(k), None) for k in setting(cfg, m, "ks")] + trees
-      plans.append((m, setting(cfg, m, "target"), drafts, setting(cfg, m, "prompt_tokens")))
+  for m, target in on.items():
+    drafts = [(_k(k), None) for k in setting(cfg, m, "ks")] + trees
+    plans.append((m, target, drafts, setting(cfg, m, "prompt_tokens")))
   cells = []
   for method, target, drafts, lengths in plans:
     for (k, tree), w, pt, t, tk, tp, acc, fmt, kv, b in itertools.product(
