@@ -3,7 +3,9 @@
 # start the build if it is not running, wait up to LIMIT seconds, send back every finished model
 # (a tar in 15 MiB parts under $OUT) and the logs. Run it again at once to keep the machine warm.
 #   device run: LIMIT=540 bash experiments/device/zoo_call.sh
-#   carry: runs/corpus.tar.xz (tar -cJf runs/corpus.tar.xz -C runs corpus) and .whl (the wheels)
+#   carry: runs/corpus.tar.xz and .whl (the wheels). The tarball holds the token arrays only (the
+#   tokenizer is the shipped target's), to stay inside the 64 MiB a call carries:
+#   tar -cf - -C runs corpus/train.npy corpus/heldout.npy corpus/stats.json | xz -9e > runs/corpus.tar.xz
 # MODELS (build_zoo --models) retrains some models only; a target (target, hybrid) not among them
 # is the shipped one (specdec/zoo/NAME, copied, not sent back): its drafters train against it.
 #   MODELS=hybrid,hybrid_mtp: the hybrid target and its MTP head (issue 25).
@@ -14,6 +16,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
 mkdir -p runs/log
 [ -d runs/corpus ] || tar -xJf runs/corpus.tar.xz -C runs
+[ -f runs/corpus/tokenizer.json ] || cp specdec/zoo/target/tokenizer.json runs/corpus/
 if [ ! -f runs/log/start ]; then
   nvidia-smi --query-gpu=name,memory.total --format=csv
   date +%s > runs/log/start
