@@ -152,11 +152,15 @@ def prefill(
   One executable serves every k and acceptance mode of a (drafter, sampling, bucket, slots): the
   counters, whose shapes follow k, are zeros made on the host. reject=True makes the state's steps
   reject every draft: the same-shape baseline, run by the same step executable as the cell."""
-  B = prompt_BT.shape[0]
   fields = prefill_fields(
     params, draft_params, prompt_BT, prompt_lengths_B, max_new_B, key, sc.for_prefill, slots
   )
-  host = dict(reject=np.asarray(reject), **counters(B, sc.k))
+  return with_counters(fields, sc, reject)
+
+
+def with_counters(fields: dict, sc: StepConfig, reject: bool = False) -> DecodeState:
+  """The decode state of `prefill_fields`' output for sc's k: its counters at zero."""
+  host = dict(reject=np.asarray(reject), **counters(fields["lengths"].shape[0], sc.k))
   return DecodeState(**fields, **jax.device_put(host))
 
 

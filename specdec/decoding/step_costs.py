@@ -3,8 +3,9 @@
 `measure` times the compiled decode chunk at each tier (a chain's k or a tree, each its own step) on
 whatever backend is present: a prefilled batch at a given context and cache size, `n_steps` steps in
 one on-device loop per call, every draft rejected (so each call does the same work at the same
-context), a first round over the tiers (compile and warm-up) discarded, then `reps` rounds with the
-tiers interleaved; the median of each tier's calls divided by n_steps. Acceptance runs greedy.
+context; the batch is prefilled once and each call runs on a copy of that state), a first round
+over the tiers (compile and warm-up) discarded, then `reps` rounds with the tiers interleaved; the
+median of each tier's calls divided by n_steps. Acceptance runs greedy.
 Under a mesh it times the sharded step `generate` runs there (the target's params and the state
 placed as `generate` places them, the chunk under the mesh).
 `cost_curve` keys the result by everything that changes it (target config, drafter, device kind,
@@ -26,7 +27,7 @@ import numpy as np
 
 from specdec import sharding, xla_env
 from specdec.decoding.budget import Budget, tier_configs
-from specdec.decoding.step import StepConfig, decode_chunk, prefill
+from specdec.decoding.step import StepConfig, decode_chunk, prefill_fields, with_counters
 from specdec.ops.sampling import Sampling
 
 COST_CACHE_ENV = "SPECDEC_STEP_COSTS"  # a directory: the cost curves there (default: user cache)
@@ -98,10 +99,8 @@ def measure(
     lengths_B, max_new_B = jax.device_put((lengths_B, max_new_B), sharding.replicated(mesh))
 
   def timed(sc: StepConfig, label: str) -> float:
-    st = prefill(
-      model.params, drafter.params, jnp.asarray(prompt_BT), lengths_B, max_new_B,
-      jax.random.key(0), sc, slots, reject=True,
-    )  # fmt: skip
+    # A copy of the one prefilled state: a prefill of the batch can cost more than the chunk.
+    st = with_counters(jax.tree.map(jnp.copy, fields), sc, reject=True)
     if mesh is not None:
       st = jax.device_put(st, sharding.decode_state_shardings(st, mesh))
     jax.block_until_ready(st)
@@ -114,6 +113,10 @@ def measure(
 
   with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
     base = StepConfig(model.config, model.dtype, drafter, 0, Sampling(), "greedy", (), kv_dtype)
+    fields = prefill_fields(
+      model.params, drafter.params, jnp.asarray(prompt_BT), lengths_B, max_new_B,
+      jax.random.key(0), base.for_prefill, slots,
+    )  # fmt: skip
     tiers = list(enumerate(tier_configs(base, budget)))
     for i, sc in tiers:  # compile and warm up every tier first: this round is discarded
       timed(sc, budget.label(i))
