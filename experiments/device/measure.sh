@@ -22,21 +22,19 @@ run() {  # name, command...
 S="python3 -m experiments.sweep --config.dtype=bfloat16 --config.n_prompts=5
    --config.max_new_tokens=128 --config.workloads=('humaneval',) --config.prompt_tokens=(0,)
    --config.ks=(1,2,4,8,12,16) --noplots"
+B="python3 -m experiments.bench_budget --profiles=high,low,high_low --trees=
+   --batch=${BATCH:-32} --legs=${LEGS:-3}"
 for job in ${JOBS}; do
   case $job in
     mesh) run mesh python3 -m experiments.bench_mesh_overhead --out="$OUT" ;;
     hybrid) run hybrid python3 -m experiments.bench_hybrid --out="$OUT/moe" ;;
     dense) run dense python3 -m experiments.bench_hybrid --shape=dense27b --out="$OUT/dense" ;;
     budget) run budget python3 -m experiments.bench_budget --out="$OUT" ;;
-    budget4k)  # issue 26 item 5(b) at another context: the chains and auto only
-      run budget4k python3 -m experiments.bench_budget --out="$OUT/4k" --prompt_tokens=4096 \
-        --profiles=high,low,high_low --trees= ;;
-    budget_t06)  # the same at T = 0.6, 1k context
-      run budget_t06 python3 -m experiments.bench_budget --out="$OUT/t06" --temperature=0.6 \
-        --profiles=high,low,high_low --trees= ;;
-    budget_b32)  # 32 rows: the verify's cost grows with k, so the best k follows acceptance
-      run budget_b32 python3 -m experiments.bench_budget --out="$OUT/b32" --batch=32 \
-        --profiles=high,low,high_low --trees= ;;
+    # Issue 26 item 5(b), the chains and auto only; BATCH rows (32: the verify's cost grows with
+    # k there, so the best k follows acceptance), LEGS measured legs.
+    budget_b32) run budget_b32 $B --out="$OUT/b32" ;;  # 1k context, greedy
+    budget4k) run budget4k $B --out="$OUT/4k" --prompt_tokens=4096 ;;  # another context
+    budget_t06) run budget_t06 $B --out="$OUT/t06" --temperature=0.6 ;;  # sampled, 1k
     tree) run tree python3 -m experiments.bench_tree_verify --widths=4,8,16,32 --out="$OUT" ;;
     sweep)  # issue 22 item 5: the k-only sweep cold, then again with a fresh --out (cache hits)
       export SPECDEC_COMPILE_CACHE=/tmp/cc1
