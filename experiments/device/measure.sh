@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device measurements one after another, each cut so the call ends inside its limit; outputs and
 # logs under $OUT. JOBS names them: mesh hybrid dense budget budget4k budget_t06 budget_b32 tree
-# sweep sweep_fast default.
+# sweep sweep_fast sweep_xla default.
 #   device run: JOBS="budget sweep" LIMIT=570 bash experiments/device/measure.sh   (carry .whl)
 set -u
 T0=$(date +%s); LIMIT=${LIMIT:-570}
@@ -43,6 +43,9 @@ for job in ${JOBS}; do
     sweep_fast)  # the same k-only sweep cold without GEMM autotuning: how much of compile it is
       TAILN=14 SPECDEC_COMPILE_CACHE=/tmp/cc2 XLA_FLAGS=--xla_gpu_autotune_level=0 \
         run sweep_fast $S --out=/tmp/sw_c ;;
+    sweep_xla)  # the same k-only sweep cold with XLA attention: what the Pallas kernels cost
+      TAILN=14 SPECDEC_COMPILE_CACHE=/tmp/cc3 SPECDEC_ATTENTION=xla \
+        run sweep_xla $S --out=/tmp/sw_d ;;
     default)  # issue 22 item 5: the default sweep (k x context, every drafter) in bf16, cold
       TAILN=14 run default python3 -m experiments.sweep --config.dtype=bfloat16 --noplots \
         --out=/tmp/sw_default ;;
