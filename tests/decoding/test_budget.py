@@ -228,19 +228,27 @@ def test_the_cost_curve_is_measured_once_then_loaded(tmp_path, monkeypatch):
     step_costs_lib.cost_curve(small, ngram(), bud, 3, 128, 16, cache_dir=tmp_path)
 
 
-def test_the_cost_curve_interleaves_the_tiers(monkeypatch):
+def test_the_cost_curve_interleaves_the_tiers_over_one_prefill(monkeypatch):
   """A warm-up round over every tier, then rounds that visit each tier once: drift over the
-  measurement cannot land on one tier alone."""
+  measurement cannot land on one tier alone. The batch is prefilled once; every call runs on a
+  copy of that state (the chunk donates what it is given)."""
   small = tiny_model(num_hidden_layers=1)
-  order, chunk = [], step_costs_lib.decode_chunk
+  order, chunk, prefills = [], step_costs_lib.decode_chunk, []
+  prefill_fields = step_costs_lib.prefill_fields
 
   def recording(params, draft_params, st, sc, n_steps):
     order.append(sc.k)
     return chunk(params, draft_params, st, sc, n_steps)
 
+  def counted(*args):
+    prefills.append(args[-2])
+    return prefill_fields(*args)
+
   monkeypatch.setattr(step_costs_lib, "decode_chunk", recording)
+  monkeypatch.setattr(step_costs_lib, "prefill_fields", counted)
   step_costs_lib.measure(small, ngram(), Budget(tiers=(1, 2, 4)), 1, 128, 16, n_steps=2, reps=3)
   assert order == [1, 2, 4] * 4
+  assert len(prefills) == 1
 
 
 def test_generate_measures_the_curve_for_its_own_shapes(tmp_path, monkeypatch):
