@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device measurements one after another, each cut so the call ends inside its limit; outputs and
 # logs under $OUT. JOBS names them: mesh hybrid dense budget budget4k budget_t06 budget_b32 tree
-# sweep sweep_fast sweep_xla default.
+# sweep sweep_cold sweep_fast sweep_xla default.
 #   device run: JOBS="budget sweep" LIMIT=570 bash experiments/device/measure.sh   (carry .whl)
 set -u
 T0=$(date +%s); LIMIT=${LIMIT:-570}
@@ -40,6 +40,8 @@ for job in ${JOBS}; do
       export SPECDEC_COMPILE_CACHE=/tmp/cc1
       TAILN=14 run sweep_cold $S --out=/tmp/sw_a
       TAILN=14 run sweep_rerun $S --out=/tmp/sw_b ;;
+    sweep_cold)  # the k-only sweep cold alone: the baseline of the two below on the same card
+      TAILN=14 SPECDEC_COMPILE_CACHE=/tmp/cc0 run sweep_cold $S --out=/tmp/sw_e ;;
     sweep_fast)  # the same k-only sweep cold without GEMM autotuning: how much of compile it is
       TAILN=14 SPECDEC_COMPILE_CACHE=/tmp/cc2 XLA_FLAGS=--xla_gpu_autotune_level=0 \
         run sweep_fast $S --out=/tmp/sw_c ;;
