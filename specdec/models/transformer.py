@@ -16,6 +16,7 @@ the compute dtype, with one k and one v scale per layer: the attention params `k
 params hold none. Caches of any other dtype ignore the scales.
 """
 
+import functools
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -164,6 +165,15 @@ class Block(nn.Module):
     return x_BTD, k_BSKH, v_BSKH
 
 
+@functools.partial(jax.jit, static_argnames=("config", "from_zero"), inline=True)
+def block_forward(variables, x_BTD, positions_BT, k_BSKH, v_BSKH, *, config, from_zero):
+  """`Block(config)` as a jitted function: a stack's layers share their shapes, so jax traces one
+  layer once per shapes (its trace cache) and splices that jaxpr in for every layer (inline=True:
+  the program is the one a Python loop of `Block` calls gives) instead of tracing each layer."""
+  block = Block(config, parent=None)  # not a submodule of whatever module is running
+  return block.apply(variables, x_BTD, positions_BT, k_BSKH, v_BSKH, None, from_zero)
+
+
 class Transformer(nn.Module):
   config: ModelConfig
   dtype: jnp.dtype = jnp.bfloat16
@@ -211,7 +221,13 @@ class Transformer(nn.Module):
     x_BTD = self.embed_tokens(tokens_BT) if inputs_BTD is None else inputs_BTD.astype(self.dtype)
     ks, vs, tapped = [], [], {}
     for i, block in enumerate(self.blocks):
-      x_BTD, k, v = block(x_BTD, positions_BT, cache.k[i], cache.v[i], tree, from_zero)
+      if tree is None and not self.is_initializing():
+        x_BTD, k, v = block_forward(
+          block.variables, x_BTD, positions_BT, cache.k[i], cache.v[i], config=self.config,
+          from_zero=from_zero,
+        )  # fmt: skip
+      else:
+        x_BTD, k, v = block(x_BTD, positions_BT, cache.k[i], cache.v[i], tree, from_zero)
       ks.append(k)
       vs.append(v)
       tapped[i] = x_BTD
