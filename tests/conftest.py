@@ -14,6 +14,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # own setting.
 os.environ.setdefault("SPECDEC_COMPILE_CACHE", "off")
 
+# Most tests compile far more than they compute, so XLA compiles with its cheapest settings (the
+# fake-mesh child inherits this); a test marked `optimized` computes enough for the full
+# optimizations to pay (`_full_optimizations` below). Suite times: docs/benchmarks.md.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 # tests/multidevice needs a process with 4 fake CPU devices: tests/test_sharding.py starts one.
 collect_ignore = [] if os.environ.get("SPECDEC_MULTIDEVICE") else ["multidevice"]
 
@@ -23,6 +28,22 @@ def pytest_collection_modifyitems(items):
   (the fake-mesh process above all) started among the last would run alone while the other
   workers idle."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _full_optimizations(request):
+  """XLA's full optimizations for the duration of a test marked `optimized`."""
+  if request.node.get_closest_marker("optimized") is None:
+    yield
+    return
+  import jax
+
+  before = jax.config.values["jax_disable_most_optimizations"]
+  jax.config.update("jax_disable_most_optimizations", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", before)
 
 
 def memory_maps() -> int:

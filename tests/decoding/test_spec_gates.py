@@ -101,6 +101,7 @@ class Corrupted(DraftLM):
     return jnp.where(keep_BJ, draft_BJ, wrong_BJ), q, state
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("a, k", [(0.5, 2), (0.7, 4), (0.9, 8)])
 def test_tau_follows_leviathan(target, a, k):
   prompts = [[i % 60 + 1, (7 * i) % 60 + 1, 3] for i in range(128)]

@@ -35,6 +35,7 @@ def _occurrences(seqs, pattern) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_drafts_and_acceptance_match_arctic_on_the_recorded_stream():
   # Every step of arctic's own run, from the context it drafted from: the same draft, match
   # length, float32 score and accepted count, except where arctic broke a tie between equally

@@ -60,6 +60,7 @@ def _arctic_paths(d) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_tree_drafts_match_arctic_tree_mode_on_the_recorded_stream():
   # Every context arctic's tree-mode run drafted from (the simulator's steps, then the prompt
   # prefixes), on the tree holding every best-first tree of max_spec_tokens nodes: the same

@@ -10,6 +10,8 @@ from safetensors.numpy import save_file
 from specdec.ops.qmatmul import matmul
 from specdec.quant.exl3 import Codebook, ScaleSearch, quantize_linear, read_linear, write_linear
 
+pytestmark = pytest.mark.optimized  # the trellis search computes for seconds per matrix
+
 # QTIP's i.i.d. N(0,1) MSE for its L = 16 trellis (Tseng et al. 2024, as recalled in the research
 # notes) and the Shannon bound D(R) = 2^-2K that no quantizer can beat.
 QTIP_MSE = {2: 0.069, 3: 0.018, 4: 0.0047}
