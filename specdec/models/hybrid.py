@@ -8,6 +8,8 @@ keeps the one at the emitted count: `HybridCache.settle` is slot selection, with
 forward and no copy of the states it does not keep.
 """
 
+import functools
+
 import flax.linen as nn
 import flax.struct
 import jax
@@ -80,6 +82,21 @@ class HybridBlock(nn.Module):
     return x_BTD, tuple(state)
 
 
+@functools.partial(jax.jit, static_argnames=("config", "layer", "from_zero"), inline=True)
+def hybrid_block_forward(variables, x_BTD, positions_BT, state, n_commit_B, *, config, layer,
+                         from_zero):  # fmt: skip
+  """`HybridBlock(config, layer)` as a jitted, inlined function (as `transformer.block_forward`):
+  `layer` is the first layer of its kind (mixer and MLP), so all layers of a kind share a trace."""
+  block = HybridBlock(config, layer, parent=None)  # not a submodule of whatever module is running
+  return block.apply(variables, x_BTD, positions_BT, state, n_commit_B, from_zero)
+
+
+def first_of_kind(c: HybridConfig, layer: int) -> int:
+  """The first layer with `layer`'s mixer and MLP: a HybridBlock reads its index for these alone."""
+  kind = lambda i: (c.layer_types[i], c.moe_layers[i])  # noqa: E731
+  return next(i for i in range(c.num_layers) if kind(i) == kind(layer))
+
+
 class HybridTransformer(Transformer):
   """Transformer's embedding, head and call contract over HybridBlocks and a HybridCache."""
 
@@ -111,17 +128,18 @@ class HybridTransformer(Transformer):
     ks, vs, convs, recs, tapped = [], [], [], [], {}
     lin, att = iter(range(len(c.linear_layers))), iter(range(len(c.attention_layers)))
     for i, block in enumerate(self.blocks):
-      if c.layer_types[i] == "linear_attention":
-        j = next(lin)
-        x_BTD, (conv, rec) = block(x_BTD, positions_BT, (cache.conv[j], cache.rec[j]), n_commit_B)
-        convs.append(conv)
-        recs.append(rec)
+      linear = c.layer_types[i] == "linear_attention"
+      j = next(lin) if linear else next(att)
+      state = (cache.conv[j], cache.rec[j]) if linear else (cache.kv.k[j], cache.kv.v[j])
+      if self.is_initializing():
+        x_BTD, (a, b) = block(x_BTD, positions_BT, state, n_commit_B, from_zero)
       else:
-        j = next(att)
-        kv = (cache.kv.k[j], cache.kv.v[j])
-        x_BTD, (k, v) = block(x_BTD, positions_BT, kv, n_commit_B, from_zero)
-        ks.append(k)
-        vs.append(v)
+        x_BTD, (a, b) = hybrid_block_forward(
+          block.variables, x_BTD, positions_BT, state, n_commit_B, config=c,
+          layer=first_of_kind(c, i), from_zero=from_zero,
+        )  # fmt: skip
+      for out, x in zip((convs, recs) if linear else (ks, vs), (a, b), strict=True):
+        out.append(x)
       tapped[i] = x_BTD
     logits, h_BTD = self.read_out(x_BTD, logits_at_BP)
     new = HybridCache(KVCache(tuple(ks), tuple(vs)), tuple(convs), tuple(recs), n_commit_B is None)
