@@ -93,8 +93,8 @@ def hybrid_block_forward(variables, x_BTD, positions_BT, state, n_commit_B, *, c
 
 def first_of_kind(c: HybridConfig, layer: int) -> int:
   """The first layer with `layer`'s mixer and MLP: a HybridBlock reads its index for these alone."""
-  kind = lambda i: (c.layer_types[i], c.moe_layers[i])  # noqa: E731
-  return next(i for i in range(c.num_layers) if kind(i) == kind(layer))
+  kind = (c.layer_types[layer], c.moe_layers[layer])
+  return next(i for i in range(c.num_layers) if (c.layer_types[i], c.moe_layers[i]) == kind)
 
 
 class HybridTransformer(Transformer):
