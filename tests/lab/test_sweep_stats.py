@@ -27,31 +27,52 @@ def _decode_tok_s(entries):
   return metrics.decode_tok_s([math.nan if e["tpot_ms"] is None else e["tpot_ms"] for e in entries])
 
 
-@pytest.mark.optimized  # the negative control needs batch 0's compile to outweigh its decode
-@pytest.mark.parametrize("batch", [2, 3])
-def test_the_whole_first_batch_is_warm_up(tmp_path, batch):
+def _warm_up_legs(out, batch):
+  """Leg 0 and leg 1 of a one-cell null sweep whose executables are built in leg 0's first batch,
+  after the structural checks: compiles only in that untimed batch, which leaves out all of it."""
   jax.clear_caches()  # leg 0 builds its executables, whatever ran before in this process
-  # Three timed batches of 63 steps each: enough decode time that a busy CPU does not decide it.
+  # Three timed batches of 63 steps each.
   cfg = small_config(methods=("null",), batches=(batch,), n_prompts=4 * batch, max_new_tokens=64)
-  driver.run(cfg, str(tmp_path), progress=False, compile_workers=0)  # compiles in batch 0
-  (leg0,) = [r for r in _rows(tmp_path) if r["leg"] == 0]
-  (leg1,) = [r for r in _rows(tmp_path) if r["leg"] == 1]
+  driver.run(cfg, str(out), progress=False, compile_workers=0)  # compiles in batch 0
+  (leg0,) = [r for r in _rows(out) if r["leg"] == 0]
+  (leg1,) = [r for r in _rows(out) if r["leg"] == 1]
   calls0 = leg0["extra"]["calls"]
   assert [c["timed"] for c in calls0] == [False, True, True, True]
   assert calls0[0]["compiles"] >= 1 and sum(c["compiles"] for c in calls0[1:]) == 0  # in batch 0
   for r in (leg0, leg1):
     assert r["n_requests_timed"] == 3 * batch
     assert [e["timed"] for e in r["requests"]] == [False] * batch + [True] * 3 * batch
-  # With the first batch left out, the legs agree.
+    assert r["decode_tok_s"] == pytest.approx(_decode_tok_s(r["requests"][batch:]))
+  return leg0, leg1
+
+
+def _timing_misses(leg0, leg1, batch):
+  """What the timing claims miss in one run: with the first batch left out the legs agree, and
+  (negative control, batch 2) leaving out request 0 alone, the old rule, keeps request 1, which
+  shared batch 0's compile, and puts leg 0 far below leg 1."""
+  misses = []
   ratio = leg0["decode_tok_s"] / leg1["decode_tok_s"]
-  assert 0.5 <= ratio <= 2.0, (leg0["decode_tok_s"], leg1["decode_tok_s"])
-  assert leg0["decode_tok_s"] == pytest.approx(_decode_tok_s(leg0["requests"][batch:]))
+  if not 0.5 <= ratio <= 2.0:
+    misses.append(("legs disagree", leg0["decode_tok_s"], leg1["decode_tok_s"]))
   if batch == 2:
-    # Negative control, from the same rows: leaving out request 0 alone (the old rule) keeps
-    # request 1, which shared batch 0's compile (or its load from the persistent cache), and leg
-    # 0 falls outside the agreement band above.
     old0, old1 = (_decode_tok_s(r["requests"][1:]) for r in (leg0, leg1))
-    assert old0 < 0.5 * old1, (old0, old1)
+    if not old0 < 0.5 * old1:
+      misses.append(("old rule not below", old0, old1))
+  return misses
+
+
+@pytest.mark.optimized  # the negative control needs batch 0's compile to outweigh its decode
+@pytest.mark.parametrize("batch", [2, 3])
+def test_the_whole_first_batch_is_warm_up(tmp_path, batch):
+  # A leg's timed decode is ~0.1 s: a neighbouring test's burst on this 2-core machine can halve
+  # one leg's rate (seen once in CI). A systematic cost, such as a compile inside the timed
+  # batches, misses in every run; a burst rarely hits two runs, so the claims get a second run.
+  misses = []
+  for attempt in range(2):
+    misses.append(_timing_misses(*_warm_up_legs(tmp_path / str(attempt), batch), batch))
+    if not misses[-1]:
+      return
+  pytest.fail(f"timing claims missed in both runs: {misses}")
 
 
 def test_rows_keep_every_request_and_their_host_syncs(tmp_path):
