@@ -178,3 +178,20 @@ def tiny_hybrid_config(**kw):
 
 def tiny_hybrid_model(seed=0, scale=3.0, **kw) -> Model:
   return Model.random(tiny_hybrid_config(**kw), seed=seed, scale=scale)
+
+
+def lowerings_of(monkeypatch, name: str, fn, *args) -> int:
+  """How many times lowering `fn(*args)` lowers the jitted function called `name` to a function
+  (jax lowers a nested jit once per module and reuses it at every call site)."""
+  from jax._src import pjit  # the one place jax lowers a nested jit
+
+  count, lower = [0], pjit._pjit_lower_jaxpr_to_fun
+
+  def counted(ctx, fn_name, *a, **kw):
+    count[0] += fn_name == name
+    return lower(ctx, fn_name, *a, **kw)
+
+  jax.clear_caches()
+  monkeypatch.setattr(pjit, "_pjit_lower_jaxpr_to_fun", counted)
+  jax.jit(fn).lower(*args)
+  return count[0]

@@ -86,7 +86,8 @@ class HybridBlock(nn.Module):
 def hybrid_block_forward(variables, x_BTD, positions_BT, state, n_commit_B, *, config, layer,
                          from_zero):  # fmt: skip
   """`HybridBlock(config, layer)` as a jitted, inlined function (as `transformer.block_forward`):
-  `layer` is the first layer of its kind (mixer and MLP), so all layers of a kind share a trace."""
+  `layer` is the first layer of its kind (mixer and MLP), so all layers of a kind share a trace
+  and a lowering."""
   block = HybridBlock(config, layer, parent=None)  # not a submodule of whatever module is running
   return block.apply(variables, x_BTD, positions_BT, state, n_commit_B, from_zero)
 

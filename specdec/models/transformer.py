@@ -168,8 +168,9 @@ class Block(nn.Module):
 @functools.partial(jax.jit, static_argnames=("config", "from_zero"), inline=True)
 def block_forward(variables, x_BTD, positions_BT, k_BSKH, v_BSKH, *, config, from_zero):
   """`Block(config)` as a jitted function: a stack's layers share their shapes, so jax traces one
-  layer once per shapes (its trace cache) and splices that jaxpr in for every layer (inline=True:
-  the program is the one a Python loop of `Block` calls gives) instead of tracing each layer."""
+  layer once per shapes (its trace cache) and lowers it once per program, kernels included, where
+  a Python loop of `Block` calls traces and lowers every layer. inline=True (jax.Inline.JAX_LATE)
+  splices that lowering in at each layer: XLA gets the program the loop gives."""
   block = Block(config, parent=None)  # not a submodule of whatever module is running
   return block.apply(variables, x_BTD, positions_BT, k_BSKH, v_BSKH, None, from_zero)
 

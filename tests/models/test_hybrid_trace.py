@@ -1,5 +1,5 @@
-"""The hybrid stack's forward traces one layer per kind (mixer and MLP), not every layer; that
-each layer still runs with its own weights, the golden tests against transformers check
+"""The hybrid stack's forward traces and lowers one layer per kind (mixer and MLP), not every
+layer; that each layer still runs with its own weights, the golden tests against transformers check
 (tests/models/test_hybrid_golden.py: three Gated DeltaNet layers in one stack)."""
 
 import jax
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from specdec.model import forward
 from specdec.models import gated_deltanet, hybrid, hybrid_layers
-from tests.helpers import tiny_hybrid_model
+from tests.helpers import lowerings_of, tiny_hybrid_model
 
 # Two of each kind: (Gated DeltaNet, dense MLP) and (gated attention, routed experts).
 KW = dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2)
@@ -32,6 +32,13 @@ def test_layers_of_one_kind_share_a_trace(monkeypatch):
   tokens_BT = jnp.arange(18).reshape(2, 9) % model.config.vocab_size
   jax.make_jaxpr(lambda p: forward(p, tokens_BT, model.config, jnp.float32))(model.params)
   assert calls == {"conv": 1, "attend": 1}
+
+
+def test_layers_of_one_kind_share_a_lowering(monkeypatch):
+  model = tiny_hybrid_model(**KW)
+  tokens_BT = jnp.arange(18).reshape(2, 9) % model.config.vocab_size
+  fn = lambda p: forward(p, tokens_BT, model.config, jnp.float32)  # noqa: E731
+  assert lowerings_of(monkeypatch, "hybrid_block_forward", fn, model.params) == 2
 
 
 def test_first_of_kind_keeps_the_kind():

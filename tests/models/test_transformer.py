@@ -1,5 +1,5 @@
-"""The dense stack's forward: one trace of a layer serves every layer of the same shapes, and
-each layer still runs with its own weights."""
+"""The dense stack's forward: one trace and one lowering of a layer serve every layer of the same
+shapes, and each layer still runs with its own weights."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 
 from specdec.model import forward
 from specdec.models import transformer
-from tests.helpers import tiny_model
+from tests.helpers import lowerings_of, tiny_model
 
 
 def test_a_forward_traces_one_layer_for_all_of_them(monkeypatch):
@@ -23,6 +23,13 @@ def test_a_forward_traces_one_layer_for_all_of_them(monkeypatch):
   tokens_BT = jnp.arange(14).reshape(2, 7) % model.config.vocab_size
   jax.make_jaxpr(lambda p: forward(p, tokens_BT, model.config, jnp.float32))(model.params)
   assert len(calls) == 1
+
+
+def test_a_forward_lowers_one_layer_for_all_of_them(monkeypatch):
+  model = tiny_model(num_hidden_layers=4)
+  tokens_BT = jnp.arange(14).reshape(2, 7) % model.config.vocab_size
+  fn = lambda p: forward(p, tokens_BT, model.config, jnp.float32)  # noqa: E731
+  assert lowerings_of(monkeypatch, "block_forward", fn, model.params) == 1
 
 
 def test_each_layer_runs_with_its_own_weights():
