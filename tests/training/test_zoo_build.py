@@ -93,9 +93,10 @@ def test_build_picks_models_and_refuses_unknown_ones_or_a_missing_target(tmp_pat
 def test_side_by_side_runs_jobs_at_a_time_logs_each_and_names_failures(tmp_path):
   import sys
 
-  def cmd(name, code):  # records its start and end times, then exits with `code`
+  def cmd(name, code):  # records its start and end times, then exits with `code`; the 1 s sleep
+    # outlasts a loaded machine's gap between two processes' starts
     script = (
-      "import sys, time; t = time.time(); time.sleep(0.5); "
+      "import sys, time; t = time.time(); time.sleep(1.0); "
       f"print('{name}', t, time.time()); sys.exit({code})"
     )
     return [sys.executable, "-c", script]
