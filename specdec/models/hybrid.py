@@ -8,8 +8,6 @@ keeps the one at the emitted count: `HybridCache.settle` is slot selection, with
 forward and no copy of the states it does not keep.
 """
 
-import functools
-
 import flax.linen as nn
 import flax.struct
 import jax
@@ -18,7 +16,7 @@ import jax.numpy as jnp
 from specdec.models.config import HybridConfig
 from specdec.models.gated_deltanet import GatedDeltaNet
 from specdec.models.hybrid_layers import GatedAttention, MoEBlock, rms_norm
-from specdec.models.transformer import MLP, ForwardOut, KVCache, Linear, Transformer
+from specdec.models.transformer import MLP, ForwardOut, KVCache, Linear, Transformer, apply_layer
 from specdec.ops import gdn
 from specdec.ops.kv_cache import FP8, check_kv_dtype
 
@@ -82,16 +80,6 @@ class HybridBlock(nn.Module):
     return x_BTD, tuple(state)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "layer", "from_zero"), inline=True)
-def hybrid_block_forward(variables, x_BTD, positions_BT, state, n_commit_B, *, config, layer,
-                         from_zero):  # fmt: skip
-  """`HybridBlock(config, layer)` as a jitted, inlined function (as `transformer.block_forward`):
-  `layer` is the first layer of its kind (mixer and MLP), so all layers of a kind share a trace
-  and a lowering."""
-  block = HybridBlock(config, layer, parent=None)  # not a submodule of whatever module is running
-  return block.apply(variables, x_BTD, positions_BT, state, n_commit_B, from_zero)
-
-
 def first_of_kind(c: HybridConfig, layer: int) -> int:
   """The first layer with `layer`'s mixer and MLP: a HybridBlock reads its index for these alone."""
   kind = (c.layer_types[layer], c.moe_layers[layer])
@@ -135,9 +123,10 @@ class HybridTransformer(Transformer):
       if self.is_initializing():
         x_BTD, (a, b) = block(x_BTD, positions_BT, state, n_commit_B, from_zero)
       else:
-        x_BTD, (a, b) = hybrid_block_forward(
-          block.variables, x_BTD, positions_BT, state, n_commit_B, config=c,
-          layer=first_of_kind(c, i), from_zero=from_zero,
+        # As the first layer of its kind: the layers of a kind share a trace and a lowering.
+        x_BTD, (a, b) = apply_layer(
+          block.variables, (x_BTD, positions_BT, state, n_commit_B),
+          layer=HybridBlock(c, first_of_kind(c, i), parent=None), static=(from_zero,),
         )  # fmt: skip
       for out, x in zip((convs, recs) if linear else (ks, vs), (a, b), strict=True):
         out.append(x)

@@ -165,14 +165,14 @@ class Block(nn.Module):
     return x_BTD, k_BSKH, v_BSKH
 
 
-@functools.partial(jax.jit, static_argnames=("config", "from_zero"), inline=True)
-def block_forward(variables, x_BTD, positions_BT, k_BSKH, v_BSKH, *, config, from_zero):
-  """`Block(config)` as a jitted function: a stack's layers share their shapes, so jax traces one
-  layer once per shapes (its trace cache) and lowers it once per program, kernels included, where
-  a Python loop of `Block` calls traces and lowers every layer. inline=True (jax.Inline.JAX_LATE)
-  splices that lowering in at each layer: XLA gets the program the loop gives."""
-  block = Block(config, parent=None)  # not a submodule of whatever module is running
-  return block.apply(variables, x_BTD, positions_BT, k_BSKH, v_BSKH, None, from_zero)
+@functools.partial(jax.jit, static_argnames=("layer", "static"), inline=True)
+def apply_layer(variables, args, *, layer: nn.Module, static: tuple = ()):
+  """`layer.apply(variables, *args, *static)` as a jitted function. A stack's layers share their
+  shapes, and an unbound flax module hashes by its fields, so jax traces a layer once per (module
+  fields, shapes) and lowers it once per program, kernels included, where a Python loop of layer
+  calls traces and lowers every layer. inline=True (jax.Inline.JAX_LATE) splices that lowering in
+  at each layer: XLA gets the program the loop gives. `static`: the call's Python arguments."""
+  return layer.apply(variables, *args, *static)
 
 
 class Transformer(nn.Module):
@@ -223,9 +223,9 @@ class Transformer(nn.Module):
     ks, vs, tapped = [], [], {}
     for i, block in enumerate(self.blocks):
       if tree is None and not self.is_initializing():
-        x_BTD, k, v = block_forward(
-          block.variables, x_BTD, positions_BT, cache.k[i], cache.v[i], config=self.config,
-          from_zero=from_zero,
+        x_BTD, k, v = apply_layer(
+          block.variables, (x_BTD, positions_BT, cache.k[i], cache.v[i]),
+          layer=Block(self.config, parent=None), static=(None, from_zero),
         )  # fmt: skip
       else:
         x_BTD, k, v = block(x_BTD, positions_BT, cache.k[i], cache.v[i], tree, from_zero)

@@ -38,7 +38,7 @@ def test_layers_of_one_kind_share_a_lowering(monkeypatch):
   model = tiny_hybrid_model(**KW)
   tokens_BT = jnp.arange(18).reshape(2, 9) % model.config.vocab_size
   fn = lambda p: forward(p, tokens_BT, model.config, jnp.float32)  # noqa: E731
-  assert lowerings_of(monkeypatch, "hybrid_block_forward", fn, model.params) == 2
+  assert lowerings_of(monkeypatch, "apply_layer", fn, model.params) == 2
 
 
 def test_first_of_kind_keeps_the_kind():

@@ -29,7 +29,7 @@ def test_a_forward_lowers_one_layer_for_all_of_them(monkeypatch):
   model = tiny_model(num_hidden_layers=4)
   tokens_BT = jnp.arange(14).reshape(2, 7) % model.config.vocab_size
   fn = lambda p: forward(p, tokens_BT, model.config, jnp.float32)  # noqa: E731
-  assert lowerings_of(monkeypatch, "block_forward", fn, model.params) == 1
+  assert lowerings_of(monkeypatch, "apply_layer", fn, model.params) == 1
 
 
 def test_each_layer_runs_with_its_own_weights():
