@@ -1,5 +1,3 @@
-import functools
-import gc
 import os
 
 import pytest
@@ -46,43 +44,12 @@ def _full_optimizations(request):
     jax.config.update("jax_disable_most_optimizations", before)
 
 
-def memory_maps() -> int:
-  """This process's memory mappings (0 where /proc is absent)."""
-  try:
-    with open("/proc/self/maps") as f:
-      return sum(1 for _ in f)
-  except OSError:
-    return 0
-
-
-@functools.cache
-def map_budget() -> int:
-  """60% of the kernel's per-process mapping limit (vm.max_map_count; none where unreadable)."""
-  try:
-    with open("/proc/sys/vm/max_map_count") as f:
-      return int(f.read()) * 3 // 5
-  except (OSError, ValueError):
-    return 0
-
-
 @pytest.fixture(autouse=True)
 def _bounded_memory_maps():
-  """XLA:CPU keeps memory mappings for every executable it has compiled (~230 for a generate of a
-  2-layer test model); one process running tests/decoding reached 40,000 in 4 minutes, and a
-  worker past the kernel's limit (65530 here) segfaults in its next compile. After a test that
-  leaves the process above the budget, drop jax's compiled executables (later tests recompile
-  what they need)."""
+  """After a test that leaves the process above the mapping budget, drop jax's compiled
+  executables (later tests recompile what they need): one process running tests/decoding reached
+  40,000 mappings in 4 minutes (`specdec.lab.mappings`)."""
   yield
-  release_if_over(map_budget())
+  from specdec.lab import mappings
 
-
-def release_if_over(budget: int) -> bool:
-  """Clears jax's caches (and so its executables' mappings) if this process holds more than
-  `budget` mappings (0: no budget); returns whether it did."""
-  if not budget or memory_maps() <= budget:
-    return False
-  import jax
-
-  jax.clear_caches()
-  gc.collect()
-  return True
+  mappings.release_if_over(mappings.map_budget())

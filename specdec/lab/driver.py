@@ -3,7 +3,11 @@
 The config is checked twice: what needs no model (axes, methods, checkpoint paths) before anything
 loads, the rest (prompt lengths, memory) after. Every executable the cells' timed batches need is
 then built ahead of time on `compile_workers` threads (XLA compiles release the GIL), so the
-cells themselves measure; the summary line gives the two times apart.
+cells themselves measure; the summary line gives the two times apart. A sweep whose executables
+would take the process near the kernel's limit on memory mappings (`specdec.lab.mappings`: a CPU
+sweep of ~200 executables) compiles ahead only while under 90% of the budget, and drops jax's
+executables between cells when over it; cells then compile what they need inside their warm-up
+batch, and the summary line says so.
 """
 
 import dataclasses
@@ -24,7 +28,7 @@ from specdec.checkpoint.fingerprint import fingerprint
 from specdec.checkpoint.zoo import resolve_path
 from specdec.decoding.compiles import CompileCounter
 from specdec.decoding.generate import compile_lowered
-from specdec.lab import results, sweep, tables
+from specdec.lab import mappings, results, sweep, tables
 from specdec.lab.processes import Processes, check_same_config, owners
 from specdec.lab.sweep import SweepError
 from specdec.progress import BAR_FORMAT, clock, eta
@@ -132,19 +136,23 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
   parts = [[u for u, o in zip(todo, share, strict=True) if o == i] for i in range(len(devices))]
   built = hits = 0
   compile_s = 0.0
+  budget = mappings.map_budget()
   for device, r, part in zip(devices, runners, parts, strict=True):
     with jax.default_device(device):
-      (b, h), s = compile_cells(r, list(dict.fromkeys(c for _, c in part)), workers, progress)
+      unique = list(dict.fromkeys(c for _, c in part))
+      (b, h), s = compile_cells(r, unique, workers, progress, budget)
     built, hits, compile_s = built + b, hits + h, compile_s + s
   bar = tqdm(
     total=len(mine), initial=len(mine) - len(todo), disable=not progress, file=sys.stderr,
     unit="cells", bar_format=BAR_FORMAT,
   )  # fmt: skip
-  measured, lock = [], threading.Lock()
+  measured, lock, released = [], threading.Lock(), [0]
 
   def run_part(device, r, part):
     with jax.default_device(device):
       for leg, cell in part:
+        with lock:
+          released[0] += mappings.release_if_over(budget)
         base = done.get(sweep.baseline_key(cell, leg))  # run earlier in this part
         with lock:  # the cell now running (the newest one started, on several devices)
           bar.set_description(
@@ -175,10 +183,13 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
   print(
     f"sweep: {len(todo)} (cell, leg)s; compiled ahead {built} executables ({hits} loaded from "
     f"the persistent cache) in {compile_s:.1f} s on {max(workers, 1)} threads; measured in "
-    f"{sum(measured):.1f} s, of which "
-    f"{in_cells:.1f} s were compiles inside cells",
+    f"{sum(measured):.1f} s, of which {in_cells:.1f} s were compiles inside cells"
+    + (
+      f"; dropped jax's executables {released[0]} time(s) at {budget} memory mappings"
+      if released[0] else ""
+    ),
     file=sys.stderr,
-  )
+  )  # fmt: skip
   return table(out)
 
 
@@ -230,14 +241,16 @@ def table(out_dir) -> str:
 
 
 def compile_cells(
-  runner, cells: list, workers: int, progress: bool = False
+  runner, cells: list, workers: int, progress: bool = False, budget: int = 0
 ) -> tuple[tuple[int, int], float]:
   """((executables built, of which cache loads), wall seconds) of building every cell's shapes
   ahead of time, once per shape (cells whose prompts share a bucket, or that differ only in seed,
   share executables): lowered on this thread in the cells' order (see `generate.lower_ahead`: a
   rerun then finds every executable in the persistent cache), each new one compiled on one of
   `workers` threads as soon as it is lowered, so compiles overlap the lowering of later cells.
-  workers = 0: nothing ahead, each cell compiles what it runs."""
+  workers = 0: nothing ahead, each cell compiles what it runs. budget: memory mappings (0: no
+  limit); no further cell is lowered once the process holds 90% of them (compiles in flight
+  add a few hundred each)."""
   if workers == 0:
     return (0, 0), 0.0
   t0 = time.perf_counter()
@@ -252,6 +265,8 @@ def compile_cells(
         shapes.values(), desc="lowering ahead", unit="cells", disable=not progress,
         file=sys.stderr,
       ):  # fmt: skip
+        if budget and mappings.memory_maps() > budget * 9 // 10:
+          break  # the rest compile in their cells (module docstring)
         for lowered in runner.lower_ahead(c):
           # jax's own identity of an executable: calls with equal static arguments share one
           # lowering object. Equal HLO text is not enough: the null arm's prefill and a k = 1

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from specdec.decoding.compiles import CompileCounter
-from specdec.lab import driver, results
+from specdec.lab import driver, mappings, results
 from tests.lab.test_sweep import small_config
 
 
@@ -87,6 +87,26 @@ def test_compiled_ahead_the_cells_build_nothing(tmp_path, capsys):
   assert 4 <= built <= 10
 
 
+def test_a_sweep_over_the_mapping_budget_drops_executables_and_still_gates(
+  tmp_path, capsys, monkeypatch
+):
+  # Mappings counted from this test's start, and a budget of a few tiny executables' worth (a
+  # generate of a test model leaves ~230): the cells drop jax's executables when over it, then
+  # compile what they run in their warm-up batch.
+  jax.clear_caches()
+  real = mappings.memory_maps
+  start = real()
+  monkeypatch.setattr(mappings, "memory_maps", lambda: real() - start)
+  monkeypatch.setattr(mappings, "map_budget", lambda: 300)
+  driver.run(small_config(ks=(1, 3)), str(tmp_path), progress=False, compile_workers=2)
+  rows = results.load_rows(os.path.join(tmp_path, results.RESULTS_NAME))
+  assert len(rows) == 6 and all(r["gate_passed"] for r in rows)
+  assert {c["compiles"] for r in rows for c in r["extra"]["calls"] if c["timed"]} == {0}
+  assert sum(r["compiles"] for r in rows) >= 2  # compiled again inside cells
+  err = capsys.readouterr().err
+  assert int(re.search(r"dropped jax's executables (\d+) time\(s\) at 300 ", err).group(1)) >= 1
+
+
 class FakeLowered:
   """A `Lowered` whose module text is `text` and whose compile calls on_compile(text); lowerings
   of one `_lowering` object are one executable to jax (calls with equal static arguments)."""
@@ -140,6 +160,27 @@ def test_cells_lower_on_the_calling_thread_in_order_and_compile_on_workers():
   assert lowered_on == [("ngram", 1, me), ("ngram", 3, me)]  # the third shares the first's shapes
   assert sorted(t for t, _ in compiled_on) == ["prefill ngram", "step ngram 1", "step ngram 3"]
   assert all(tid != me for _, tid in compiled_on)
+
+
+def test_no_cell_is_lowered_ahead_past_half_the_mapping_budget(monkeypatch):
+  # 100 mappings per lowered cell: with a budget of 300, cells 0-2 lower (0, 100, 200 <= 90%
+  # of it), and the fourth finds 300.
+  from specdec.lab.sweep import Cell
+
+  lowered = []
+
+  def lower(cell):
+    lowered.append(cell.k)
+    return [FakeLowered(f"step {cell.k}", lambda text: None)]
+
+  monkeypatch.setattr(mappings, "memory_maps", lambda: 100 * len(lowered))
+  cell = Cell("ngram", 1, "w", 0, 0.0, 0, 1.0, "greedy", "bf16", "model", 1, 0)
+  cells = [dataclasses.replace(cell, k=k) for k in range(1, 7)]
+  driver.compile_cells(FakeRunner(lower), cells, workers=1, budget=300)
+  assert lowered == [1, 2, 3]
+  lowered.clear()
+  driver.compile_cells(FakeRunner(lower), cells, workers=1, budget=0)  # no budget: every cell
+  assert lowered == [1, 2, 3, 4, 5, 6]
 
 
 def test_one_module_that_jax_keys_apart_compiles_for_each():
