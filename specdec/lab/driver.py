@@ -16,7 +16,7 @@ import statistics
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, as_completed, wait
 from pathlib import Path
 
 import jax
@@ -249,8 +249,8 @@ def compile_cells(
   rerun then finds every executable in the persistent cache), each new one compiled on one of
   `workers` threads as soon as it is lowered, so compiles overlap the lowering of later cells.
   workers = 0: nothing ahead, each cell compiles what it runs. budget: memory mappings (0: no
-  limit); no further cell is lowered once the process holds 90% of them (compiles in flight
-  add a few hundred each)."""
+  limit); with one, lowering waits while more than `workers` compiles are unfinished (their
+  mappings not yet counted) and stops once the process holds 90% of the budget."""
   if workers == 0:
     return (0, 0), 0.0
   t0 = time.perf_counter()
@@ -265,8 +265,11 @@ def compile_cells(
         shapes.values(), desc="lowering ahead", unit="cells", disable=not progress,
         file=sys.stderr,
       ):  # fmt: skip
-        if budget and mappings.memory_maps() > budget * 9 // 10:
-          break  # the rest compile in their cells (module docstring)
+        if budget:
+          while len(queued := [f for f in futures if not f.done()]) > workers:
+            wait(queued, return_when=FIRST_COMPLETED)
+          if mappings.memory_maps() > budget * 9 // 10:
+            break  # the rest compile in their cells (module docstring)
         for lowered in runner.lower_ahead(c):
           # jax's own identity of an executable: calls with equal static arguments share one
           # lowering object. Equal HLO text is not enough: the null arm's prefill and a k = 1
