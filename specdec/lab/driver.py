@@ -5,9 +5,11 @@ loads, the rest (prompt lengths, memory) after. Every executable the cells' time
 then built ahead of time on `compile_workers` threads (XLA compiles release the GIL), so the
 cells themselves measure; the summary line gives the two times apart. A sweep whose executables
 would take the process near the kernel's limit on memory mappings (`specdec.lab.mappings`: a CPU
-sweep of ~200 executables) compiles ahead only while under 90% of the budget, and drops jax's
-executables between cells when over it; cells then compile what they need inside their warm-up
-batch, and the summary line says so.
+sweep of ~200 executables) runs in waves: it compiles ahead while under 90% of the budget, runs
+every leg of the leading cells that compiled, drops jax's executables, and goes on with the
+rest (the legs stay interleaved within a wave). Between cells it also drops them when over the
+budget (cells then compile what they need in their warm-up batch); the summary line says how
+often it dropped them.
 """
 
 import dataclasses
@@ -134,14 +136,20 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
   # A device's share: groups of units with their baseline, round-robin, as processes share.
   share = owners(todo, len(devices), strict=False)
   parts = [[u for u, o in zip(todo, share, strict=True) if o == i] for i in range(len(devices))]
-  built = hits = 0
-  compile_s = 0.0
   budget = mappings.map_budget()
-  for device, r, part in zip(devices, runners, parts, strict=True):
+  ahead = {"built": 0, "hits": 0, "seconds": 0.0}
+
+  def compile_ahead(device, r, cells) -> set:
     with jax.default_device(device):
-      unique = list(dict.fromkeys(c for _, c in part))
-      (b, h), s = compile_cells(r, unique, workers, progress, budget)
-    built, hits, compile_s = built + b, hits + h, compile_s + s
+      (b, h), s, covered = compile_cells(r, cells, workers, progress, budget)
+    ahead["built"], ahead["hits"], ahead["seconds"] = (
+      ahead["built"] + b, ahead["hits"] + h, ahead["seconds"] + s,
+    )  # fmt: skip
+    return covered
+
+  if len(devices) > 1:
+    for device, r, part in zip(devices, runners, parts, strict=True):
+      compile_ahead(device, r, list(dict.fromkeys(c for _, c in part)))
   bar = tqdm(
     total=len(mine), initial=len(mine) - len(todo), disable=not progress, file=sys.stderr,
     unit="cells", bar_format=BAR_FORMAT,
@@ -168,12 +176,21 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
           mean, left = statistics.mean(measured), len(todo) - len(measured)
           bar.set_postfix_str(
             f"{eta(left, mean / len(devices))} at {mean:.2f} s/cell measured on "
-            f"{len(devices)} device(s) (compiled ahead in {clock(compile_s)})"
+            f"{len(devices)} device(s) (compiled ahead in {clock(ahead['seconds'])})"
           )
           bar.update()
 
   if len(devices) == 1:
-    run_part(devices[0], runners[0], parts[0])
+    (device,), (r,), (part,) = devices, runners, parts
+    while part:  # in waves (module docstring); one wave where everything compiles ahead
+      left = list(dict.fromkeys(c for _, c in part))
+      covered = compile_ahead(device, r, left)
+      n = next((i for i, c in enumerate(left) if shape_of(r, c) not in covered), len(left))
+      wave = set(left[: max(n, 1)])
+      run_part(device, r, [u for u in part if u[1] in wave])
+      part = [u for u in part if u[1] not in wave]
+      if part:  # the wave's executables are done with: room for the next wave's
+        released[0] += mappings.release()
   else:
     with ThreadPoolExecutor(max_workers=len(devices)) as pool:
       for f in [pool.submit(run_part, *a) for a in zip(devices, runners, parts, strict=True)]:
@@ -181,8 +198,9 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
   bar.close()
   in_cells = sum(done[(*dataclasses.astuple(c), leg)]["compile_s"] or 0 for leg, c in todo)
   print(
-    f"sweep: {len(todo)} (cell, leg)s; compiled ahead {built} executables ({hits} loaded from "
-    f"the persistent cache) in {compile_s:.1f} s on {max(workers, 1)} threads; measured in "
+    f"sweep: {len(todo)} (cell, leg)s; compiled ahead {ahead['built']} executables "
+    f"({ahead['hits']} loaded from the persistent cache) in {ahead['seconds']:.1f} s on "
+    f"{max(workers, 1)} threads; measured in "
     f"{sum(measured):.1f} s, of which {in_cells:.1f} s were compiles inside cells"
     + (
       f"; dropped jax's executables {released[0]} time(s) at {budget} memory mappings"
@@ -240,36 +258,44 @@ def table(out_dir) -> str:
   return tables.to_markdown(tables.build(results.load_rows(path), "draft_budget"))
 
 
+def shape_of(runner, cell):
+  """What a cell's executables depend on: cells whose prompts share a bucket, or that differ
+  only in workload or seed, share them."""
+  return dataclasses.replace(
+    cell, workload="", prompt_tokens=runner.bucket(cell), sample_seed=0
+  )  # fmt: skip
+
+
 def compile_cells(
   runner, cells: list, workers: int, progress: bool = False, budget: int = 0
-) -> tuple[tuple[int, int], float]:
-  """((executables built, of which cache loads), wall seconds) of building every cell's shapes
-  ahead of time, once per shape (cells whose prompts share a bucket, or that differ only in seed,
-  share executables): lowered on this thread in the cells' order (see `generate.lower_ahead`: a
-  rerun then finds every executable in the persistent cache), each new one compiled on one of
-  `workers` threads as soon as it is lowered, so compiles overlap the lowering of later cells.
-  workers = 0: nothing ahead, each cell compiles what it runs. budget: memory mappings (0: no
-  limit); with one, lowering waits while more than `workers` compiles are unfinished (their
-  mappings not yet counted) and stops once the process holds 90% of the budget."""
-  if workers == 0:
-    return (0, 0), 0.0
-  t0 = time.perf_counter()
+) -> tuple[tuple[int, int], float, set]:
+  """((executables built, of which cache loads), wall seconds, shapes covered) of building the
+  cells' shapes (`shape_of`) ahead of time, once each: lowered on this thread in the cells' order
+  (see `generate.lower_ahead`: a rerun then finds every executable in the persistent cache), each
+  new one compiled on one of `workers` threads as soon as it is lowered, so compiles overlap the
+  lowering of later cells. workers = 0: nothing ahead, each cell compiles what it runs (every
+  shape counts as covered). budget: memory mappings (0: no limit); with one, lowering waits while
+  more than `workers` compiles are unfinished (their mappings not yet counted) and stops once the
+  process holds 90% of the budget, leaving the shapes not covered to a later wave."""
   shapes = {}
   for c in cells:
-    shape = dataclasses.replace(c, workload="", prompt_tokens=runner.bucket(c), sample_seed=0)
-    shapes.setdefault(shape, c)
-  seen, futures = {}, []
+    shapes.setdefault(shape_of(runner, c), c)
+  if workers == 0:
+    return (0, 0), 0.0, set(shapes)
+  t0 = time.perf_counter()
+  seen, futures, covered = {}, [], set()
   with ThreadPoolExecutor(max_workers=workers) as pool:
     with CompileCounter() as eager:  # quantizing a target format, small eager ops
-      for c in tqdm(
-        shapes.values(), desc="lowering ahead", unit="cells", disable=not progress,
-        file=sys.stderr,
+      for shape, c in tqdm(
+        shapes.items(), desc="lowering ahead", unit="cells", disable=not progress,
+        file=sys.stderr, total=len(shapes),
       ):  # fmt: skip
         if budget:
           while len(queued := [f for f in futures if not f.done()]) > workers:
             wait(queued, return_when=FIRST_COMPLETED)
           if mappings.memory_maps() > budget * 9 // 10:
-            break  # the rest compile in their cells (module docstring)
+            break  # the rest wait for a later wave (module docstring)
+        covered.add(shape)
         for lowered in runner.lower_ahead(c):
           # jax's own identity of an executable: calls with equal static arguments share one
           # lowering object. Equal HLO text is not enough: the null arm's prefill and a k = 1
@@ -288,4 +314,4 @@ def compile_cells(
       built, hits = built + c.count, hits + c.hits
       bar.update()
     bar.close()
-  return (built, hits), time.perf_counter() - t0
+  return (built, hits), time.perf_counter() - t0, covered
