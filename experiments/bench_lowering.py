@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import specdec
+from specdec import xla_env
 from specdec.checkpoint.zoo import resolve_path
 from specdec.models import stack, transformer
 
@@ -52,6 +53,7 @@ def arm(layers: str, attention: str):
 
 def main(argv):
   del argv
+  xla_env.apply_defaults()
   model = specdec.load(resolve_path(_TARGET.value), dtype=jnp.bfloat16)
   c, B, T = model.config, _BATCH.value, _WIDTH.value
   cache = stack.empty_cache(c, B, _SLOTS.value, jnp.bfloat16)
