@@ -142,9 +142,9 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
   def compile_ahead(device, r, cells) -> set:
     with jax.default_device(device):
       (b, h), s, covered = compile_cells(r, cells, workers, progress, budget)
-    ahead["built"], ahead["hits"], ahead["seconds"] = (
-      ahead["built"] + b, ahead["hits"] + h, ahead["seconds"] + s,
-    )  # fmt: skip
+    ahead["built"] += b
+    ahead["hits"] += h
+    ahead["seconds"] += s
     return covered
 
   if len(devices) > 1:
@@ -190,7 +190,8 @@ def _run(cfg, out: Path, progress: bool, workers: int, processes: Processes) -> 
       run_part(device, r, [u for u in part if u[1] in wave])
       part = [u for u in part if u[1] not in wave]
       if part:  # the wave's executables are done with: room for the next wave's
-        released[0] += mappings.release()
+        mappings.release()
+        released[0] += 1
   else:
     with ThreadPoolExecutor(max_workers=len(devices)) as pool:
       for f in [pool.submit(run_part, *a) for a in zip(devices, runners, parts, strict=True)]:

@@ -27,17 +27,19 @@ def map_budget() -> int:
     return 0
 
 
-def release() -> bool:
+def release() -> None:
   """Clears jax's caches, and so its compiled executables' mappings (later calls compile
-  again); returns True."""
+  again)."""
   import jax
 
   jax.clear_caches()
   gc.collect()
-  return True
 
 
 def release_if_over(budget: int) -> bool:
   """`release()` if this process holds more than `budget` mappings (0: no budget); returns
   whether it did."""
-  return bool(budget) and memory_maps() > budget and release()
+  if not budget or memory_maps() <= budget:
+    return False
+  release()
+  return True
